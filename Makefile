@@ -1,0 +1,56 @@
+# cudagym developer entry points. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.DEFAULT_GOAL := test
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stamp
+# Installed before the package so that pip keeps it: on CI and dev machines this resolves to a
+# CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+# Test/demo environment. Every one can be overridden from the caller's environment.
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export HF_HUB_OFFLINE ?= 1
+# KernelBench problems: the workplace copy beside the repo, unless the caller points elsewhere.
+KB_SHARED := $(abspath $(CURDIR)/../shared/kernelbench/problems.jsonl)
+ifeq ($(strip $(CUDAGYM_KERNELBENCH)),)
+ifneq ($(wildcard $(KB_SHARED)),)
+export CUDAGYM_KERNELBENCH := $(KB_SHARED)
+endif
+endif
+
+DEMO_DB := out/demo.duckdb
+
+.PHONY: venv test demo clean distclean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install '$(TORCH_SPEC)'
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+test: venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	mkdir -p out
+	$(BIN)/cudagym eval run examples/submission_cpu --device cpu --levels 1 --db $(DEMO_DB) --name reference-demo
+	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
+	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)
+
+# Build and run artefacts; keeps the venv.
+clean:
+	rm -rf out build .cache .pytest_cache *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Everything `make venv` made as well.
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from cudagym.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Evaluation: judge a candidate against a reference task, time it, score it."""

@@ -1,0 +1,140 @@
+"""Output checks, run in the judge (the candidate's process never sees reference outputs).
+
+Pure tensor functions: structure and tolerance (`compare`), degenerate probes (`PROBES`,
+`accepted_probes`) and the precision check against a float64 reference (`precision_error`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float = 1e-2  # CUDA Agent / KernelBench parity
+    rtol: float = 1e-2
+
+
+STRICT_TOLERANCE = Tolerance(1e-4, 1e-4)
+
+
+def as_tensor_list(out) -> list[torch.Tensor]:
+    """A forward's result as a flat list; raises TypeError on anything but exact tensors."""
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    for i, t in enumerate(items):
+        if type(t) is not torch.Tensor:  # exact type: a subclass can lie in comparisons or compute lazily
+            raise TypeError(f"output {i} is {type(t).__module__}.{type(t).__qualname__}, not torch.Tensor")
+    return items
+
+
+def structure_mismatch(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> str | None:
+    if len(cand) != len(ref):
+        return f"{len(cand)} outputs, expected {len(ref)}"
+    for i, (c, r) in enumerate(zip(cand, ref)):
+        if c.dtype != r.dtype:
+            return f"output {i} dtype {c.dtype}, expected {r.dtype}"
+        if tuple(c.shape) != tuple(r.shape):
+            return f"output {i} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
+        if c.device != r.device:
+            return f"output {i} on {c.device}, expected {r.device}"
+    return None
+
+
+def compare(cand: list[torch.Tensor], ref: list[torch.Tensor], tol: Tolerance) -> str | None:
+    """None if cand matches ref (structure, finiteness, |c - r| <= atol + rtol |r|), else the reason."""
+    mismatch = structure_mismatch(cand, ref)
+    if mismatch:
+        return mismatch
+    for i, (c, r) in enumerate(zip(cand, ref)):
+        if c.is_floating_point() or c.is_complex():
+            if not bool(torch.isfinite(c).all()):
+                return f"output {i} has non-finite values"
+            diff = (c.double() - r.double()).abs()
+            bound = tol.atol + tol.rtol * r.double().abs()
+            if not bool((diff <= bound).all()):
+                return f"output {i} max abs diff {diff.max().item():.3g} exceeds tolerance (atol={tol.atol}, rtol={tol.rtol})"
+        elif not torch.equal(c, r):
+            return f"output {i} ({c.dtype}) differs from reference"
+    return None
+
+
+def rel_l2(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """||a - b|| / ||b|| over all outputs together (float outputs only)."""
+    num = den = 0.0
+    for x, y in zip(a, b):
+        if y.is_floating_point():
+            num += float((x.double() - y.double()).pow(2).sum())
+            den += float(y.double().pow(2).sum())
+    return (num ** 0.5) / (den ** 0.5) if den > 0 else (0.0 if num == 0 else float("inf"))
+
+
+# Degenerate answers. A problem whose check accepts one cannot tell a real kernel from a trivial one
+# on its input domain, so the judge then also demands relative-L2 agreement on a widened domain.
+ProbeFn = Callable[[list[torch.Tensor], list, list[torch.Tensor] | None], list[torch.Tensor] | None]
+PROBES: dict[str, ProbeFn] = {}
+
+
+def probe(name: str):
+    def register(fn: ProbeFn) -> ProbeFn:
+        PROBES[name] = fn
+        return fn
+    return register
+
+
+@probe("zeros")
+def _zeros(ref, inputs, other_ref):
+    return [torch.zeros_like(r) for r in ref]
+
+
+@probe("constant")
+def _constant(ref, inputs, other_ref):
+    return [torch.full_like(r, r.double().mean().item()) if r.is_floating_point() else r.clone() for r in ref]
+
+
+@probe("passthrough")
+def _passthrough(ref, inputs, other_ref):
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    out = []
+    for r in ref:
+        match = next((x for x in tensors if x.shape == r.shape and x.dtype == r.dtype), None)
+        if match is None:
+            return None
+        out.append(match)
+    return out
+
+
+@probe("mean")
+def _mean(ref, inputs, other_ref):
+    """Each output replaced by its mean over the last dim (what a reduction-free 'normalised' cheat gives)."""
+    return [r.double().mean(dim=-1, keepdim=True).expand_as(r).to(r.dtype) if r.is_floating_point() and r.dim() else r
+            for r in ref]
+
+
+@probe("input_independent")
+def _input_independent(ref, inputs, other_ref):
+    return other_ref  # the reference output for a different input set
+
+
+def accepted_probes(ref: list[torch.Tensor], inputs: list, other_ref: list[torch.Tensor] | None,
+                    tol: Tolerance) -> list[str]:
+    """Names of the probes whose output passes `compare` against ref on these inputs."""
+    accepted = []
+    for name, fn in PROBES.items():
+        out = fn(ref, inputs, other_ref)
+        if out is not None and compare(out, ref, tol) is None:
+            accepted.append(name)
+    return accepted
+
+
+def precision_error(cand: list[torch.Tensor], ref32: list[torch.Tensor], ref64: list[torch.Tensor]) -> tuple[float, float]:
+    """(candidate's, fp32 reference's) relative L2 error against the float64 reference."""
+    return rel_l2(cand, ref64), rel_l2(ref32, ref64)
+
+
+def is_downcast(err_cand: float, err_ref32: float) -> bool:
+    """fp16/bf16/tf32 arithmetic lands at >= ~2e-4 relative error; honest fp32 far below, and within
+    a small factor of the reference's own fp32 error even with another summation order."""
+    return err_cand > max(1e-4, 30 * err_ref32)

@@ -1,0 +1,199 @@
+"""The driver side of evaluation: validate, check statically, run a judge process, build a Verdict.
+
+`evaluate_candidate` is the one entry point the CLI, the dataset filter, the agent's reward and
+the leaderboard call. It never runs task or candidate code itself: a judge subprocess does
+(`cudagym.eval.judge`), and the judge runs the candidate in a further sandboxed process. Whatever
+those processes do (crash, hang, blow memory), this returns a Verdict.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from cudagym.eval.verdict import Status, Verdict
+from cudagym.tasks import Task
+from cudagym.tasks.sandbox import describe_exit, kill_tree
+
+POLICIES = ("strict", "permissive")
+
+
+class CandidateError(ValueError):
+    """The candidate file is not a candidate (syntax error, no ModelNew, wrong signature)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    device: str = "cuda"
+    policy: str = "strict"  # op policy: "strict" (CUDA Agent's: custom kernels, cuBLAS/cuDNN from C++) | "permissive"
+    timing_mode: str = "strict"  # "strict" | "paper"
+    n_checks: int = 5
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    time_candidate: bool = True
+    static_checks: bool = True
+    timeout_s: float = 60.0  # per call of the candidate
+    build_timeout_s: float = 900.0  # import of the candidate, its extension build included
+    memory_limit_gb: float = 32.0
+    lock_path: str | None = None  # GPU readers-writer lock shared by concurrent judges
+    seed: int | None = None  # None: a fresh secret per run (tests may fix it)
+    min_reps: int = 10
+    max_reps: int = 100
+    max_timing_s: float = 10.0
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
+        if self.timing_mode not in ("strict", "paper"):
+            raise ValueError(f"unknown timing mode {self.timing_mode!r} (choose strict or paper)")
+        if self.n_checks < 2:
+            raise ValueError("n_checks must be at least 2 (input-independence needs two input sets)")
+
+    @property
+    def judge_timeout_s(self) -> float:
+        """Upper bound on a whole judge run: build, checks (some doubled), timing, baselines."""
+        return self.build_timeout_s + (3 * self.n_checks + 10) * self.timeout_s + 4 * self.max_timing_s + 600
+
+
+# -- cheap validation, before any process is started -------------------------------------------------
+def _init_arity(tree: ast.Module, class_name: str) -> tuple[int, int, bool] | None:
+    """(required, total, takes *args) positional parameters of class_name.__init__, None if no class."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    args = item.args
+                    params = args.posonlyargs + args.args
+                    total = len(params) - 1  # self
+                    return total - len(args.defaults), total, args.vararg is not None
+            return 0, 0, False  # inherits __init__: accepts what its base accepts; no verdict here
+    return None
+
+
+def validate_candidate(ref_code: str, candidate_code: str) -> None:
+    """Raise CandidateError with one line if the candidate cannot be a ModelNew for this reference."""
+    try:
+        tree = ast.parse(candidate_code)
+    except SyntaxError as e:
+        raise CandidateError(f"syntax error at line {e.lineno}: {e.msg}") from None
+    arity = _init_arity(tree, "ModelNew")
+    if arity is None:
+        raise CandidateError("candidate defines no class ModelNew")
+    ref_arity = _init_arity(ast.parse(ref_code), "Model")
+    required, total, varargs = arity
+    if ref_arity and ref_arity[1] and not varargs and (ref_arity[1] > total or ref_arity[1] < required) and total:
+        raise CandidateError(f"ModelNew.__init__ takes {required}..{total} arguments but Model's takes {ref_arity[1]}")
+
+
+def static_flags(ref_code: str, candidate_code: str, policy: str) -> list[str]:
+    from cudagym.eval.static import static_flags as flags_of
+
+    low_precision = {d for d in ("float16", "bfloat16") if d in ref_code or d.replace("float16", "half") in ref_code}
+    return flags_of(candidate_code, policy=policy, task_dtypes=low_precision | {"float32"})
+
+
+def _cache_dirs() -> list[str]:
+    """Build caches the sandboxed processes may write (and share across runs)."""
+    root = Path(os.environ.get("CUDAGYM_CACHE", Path.home() / ".cache" / "cudagym"))
+    defaults = {"TORCH_EXTENSIONS_DIR": root / "torch_extensions", "TORCHINDUCTOR_CACHE_DIR": root / "inductor",
+                "TRITON_CACHE_DIR": root / "triton"}
+    dirs = []
+    for var, default in defaults.items():
+        path = os.environ.setdefault(var, str(default))
+        Path(path).mkdir(parents=True, exist_ok=True)
+        dirs.append(path)
+    return dirs
+
+
+def run_judge(request: dict, timeout_s: float) -> dict:
+    """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
+    workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
+    request = dict(request, workdir=workdir, writable=_cache_dirs())
+    request_path = os.path.join(workdir, "request.json")
+    with open(request_path, "w") as f:
+        json.dump(request, f)
+    log_path = os.path.join(workdir, "judge.log")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "cudagym.eval.judge", request_path], stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid)
+                proc.wait()
+                return {"status": "timeout", "reason": f"evaluation exceeded {timeout_s:.0f} s"}
+        result_path = os.path.join(workdir, "result.json")
+        if not os.path.exists(result_path):
+            tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-1:] if os.path.exists(log_path) else []
+            return {"status": "runtime_error", "judge_error": True,
+                    "reason": f"judge {describe_exit(proc.returncode)}{': ' + tail[0][:300] if tail else ''}"}
+        with open(result_path) as f:
+            return json.load(f)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = EvalConfig(),
+                       task: Task | None = None, t_compile_ms: float | None = None) -> Verdict:
+    """Judge one candidate against one reference; always returns a Verdict."""
+    meta = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "kb_version": task.kb_version} if task else {}
+    verdict = Verdict(status=Status.PASS, timing_mode=config.timing_mode, **meta)
+    try:
+        validate_candidate(ref_code, candidate_code)
+    except CandidateError as e:
+        verdict.status, verdict.reason = Status.COMPILE_ERROR, str(e)
+        return verdict.finish()
+    if config.static_checks:
+        flags = static_flags(ref_code, candidate_code, config.policy)
+        if flags:
+            verdict.status, verdict.flags = Status.REJECTED, flags
+            verdict.reason = "static checks fired: " + ", ".join(flags)
+            return verdict.finish()
+    request = {"mode": "eval", "ref_code": ref_code, "candidate_code": candidate_code, "device": config.device,
+               "policy": config.policy, "n_checks": config.n_checks, "atol": config.atol, "rtol": config.rtol,
+               "timing_mode": config.timing_mode, "time_candidate": config.time_candidate,
+               "call_timeout_s": config.timeout_s, "init_timeout_s": config.build_timeout_s,
+               "runner_memory_bytes": int(config.memory_limit_gb * 2**30), "lock_path": config.lock_path,
+               "seed": config.seed, "min_reps": config.min_reps, "max_reps": config.max_reps,
+               "max_timing_s": config.max_timing_s, "compile_baseline": config.time_candidate and t_compile_ms is None
+               and config.device.startswith("cuda")}
+    result = run_judge(request, config.judge_timeout_s)
+    return verdict_from_result(result, verdict, t_compile_ms)
+
+
+def verdict_from_result(result: dict, verdict: Verdict, t_compile_ms: float | None = None) -> Verdict:
+    if result.get("trace") and os.environ.get("CUDAGYM_DEBUG"):
+        print(result["trace"], file=sys.stderr)
+    verdict.status = Status(result.get("status", "runtime_error"))
+    verdict.reason = result.get("reason")
+    verdict.flags = list(result.get("flags", []))
+    verdict.env = {k: v for k, v in result.get("env", {}).items() if v is not None}
+    verdict.timing = dict(result.get("timing", {}), **({"flag_details": result["flag_details"]} if result.get("flag_details") else {}))
+    if result.get("info"):
+        verdict.timing["info"] = result["info"]
+    if verdict.status is Status.PASS:
+        verdict.t_candidate_ms = result.get("t_candidate_ms")
+        verdict.t_eager_ms = result.get("t_eager_ms")
+        verdict.t_compile_ms = result.get("t_compile_ms", t_compile_ms)
+    return verdict.finish()
+
+
+def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baseline: bool = True) -> dict:
+    """Baseline times (mode "baseline") or accepted degenerate probes (mode "audit") for one task."""
+    request = {"mode": mode, "ref_code": task.code, "device": config.device, "n_checks": config.n_checks,
+               "atol": config.atol, "rtol": config.rtol, "timing_mode": config.timing_mode,
+               "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
+               "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,
+               "call_timeout_s": config.timeout_s}
+    return run_judge(request, config.judge_timeout_s)

@@ -1,0 +1,516 @@
+"""The judge: one process per (reference, candidate) that runs the reference and decides the verdict.
+
+Started by the driver (`cudagym.eval.evaluate`) as `python -m cudagym.eval.judge REQUEST.json`;
+it isolates itself like any process running task code, then:
+1. builds Model with weights from a per-run secret seed, and starts the candidate's runner
+   (`cudagym.eval.runner`), which gets Model's state_dict;
+2. for each of n_checks fresh input sets (secret seeds) computes the reference output here, sends
+   the candidate a copy of the inputs, and compares what comes back: exact type, dtype, shape,
+   device, finite, tolerance; inputs bit-identical afterwards; degenerate-problem and precision
+   checks; the runner's guard and integrity flags;
+3. times the candidate (runner) and the eager reference (here) interleaved, rep by rep, with the
+   GPU held exclusively, and re-checks the outputs of randomly chosen timed calls, chosen after
+   each call has finished so the candidate cannot know which calls are checked;
+4. writes the verdict fields as JSON to the result path.
+Standard library and torch only (it runs on GPU boxes with nothing else).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import types
+from dataclasses import dataclass
+
+import torch
+
+from cudagym.eval import checks
+from cudagym.eval.gpulock import gpu_lock
+from cudagym.eval.runner import set_fp32_precision
+from cudagym.eval.timing import Timer, adaptive_reps, profiler_kernel_ms, summarize
+from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
+
+TIMED_OUTPUT_CHECK_P = 0.2  # fraction of timed calls whose output is re-checked (plus the first and last)
+TIMING_INPUT_BUDGET_BYTES = 4 * 2**30  # rotated timing input sets share this much memory
+FP64_LIMIT_BYTES = 2 * 2**30  # skip the float64 reference above this input size
+
+
+class CandidateFailed(Exception):
+    """Ends the evaluation with a verdict (status, reason, flags)."""
+
+    def __init__(self, status: str, reason: str, flags: dict | None = None, trace: str | None = None):
+        super().__init__(reason)
+        self.status, self.reason, self.flags, self.trace = status, reason, flags or {}, trace
+
+
+@dataclass
+class Request:
+    mode: str  # "eval" | "baseline" | "audit"
+    ref_code: str
+    workdir: str
+    candidate_code: str | None = None
+    device: str = "cpu"
+    policy: str = "strict"
+    n_checks: int = 5
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    timing_mode: str = "strict"
+    time_candidate: bool = True
+    eager_baseline: bool = True  # time eager live, interleaved with the candidate
+    compile_baseline: bool = False  # also time torch.compile (cached by the driver otherwise)
+    call_timeout_s: float = 120.0
+    init_timeout_s: float = 600.0  # includes building the candidate's extension
+    runner_memory_bytes: int = 32 * 2**30
+    gpu_memory_fraction: float | None = None
+    lock_path: str | None = None
+    writable: tuple = ()
+    min_reps: int = 10
+    max_reps: int = 100
+    max_timing_s: float = 10.0
+    seed: int | None = None  # tests only; normally a fresh secret per run
+
+
+# -- reference side ---------------------------------------------------------------------------------
+def load_reference(code: str) -> types.ModuleType:
+    module = types.ModuleType("reference")
+    module.__file__ = "reference.py"
+    exec(compile(code, "reference.py", "exec"), module.__dict__)
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, name):
+            raise ValueError(f"reference defines no {name}")
+    return module
+
+
+def make_inputs(ref: types.ModuleType, seed: int, device: str) -> list:
+    """get_inputs() under a seed, built on the device directly (generating on CPU is ~30x slower)."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        inputs = list(ref.get_inputs())
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def widened(inputs: list, seed: int) -> list:
+    """The same inputs drawn from a wider domain (signed, same scale), to expose trivial answers
+    that only pass on the problem's own domain (ReLU of torch.rand is the identity)."""
+    gen = torch.Generator(device=next((x.device for x in inputs if isinstance(x, torch.Tensor)), "cpu"))
+    gen.manual_seed(seed)
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1:
+            scale = float(x.double().abs().mean()) or 1.0
+            out.append(torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype) * scale)
+        else:
+            out.append(x)
+    return out
+
+
+def clone_inputs(inputs: list) -> list:
+    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+
+
+def nbytes(items) -> int:
+    return sum(x.numel() * x.element_size() for x in items if isinstance(x, torch.Tensor))
+
+
+def run_reference(model, inputs: list) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return checks.as_tensor_list(model(*clone_inputs(inputs)))
+
+
+def reference_fp64(model, inputs: list) -> list[torch.Tensor] | None:
+    """The reference in float64, the yardstick for precision; None where it cannot be had."""
+    if nbytes(inputs) > FP64_LIMIT_BYTES or not any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in inputs):
+        return None
+    try:
+        model64 = copy.deepcopy(model).double()
+        inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x for x in inputs]
+        with torch.no_grad():
+            return checks.as_tensor_list(model64(*inputs64))
+    except Exception:
+        return None
+
+
+def task_dtypes(model, ref: types.ModuleType) -> set[str]:
+    """Dtypes the task itself uses (parameters, buffers, inputs built on the meta device)."""
+    try:
+        inputs = make_inputs(ref, 0, "meta")
+    except Exception:
+        inputs = []
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(model.parameters()) + list(model.buffers())
+    return {str(t.dtype).replace("torch.", "") for t in tensors}
+
+
+# -- the runner connection --------------------------------------------------------------------------
+class RunnerProcess:
+    """The candidate's process, spoken to over a socket pair. Every reply is JSON (plus torch.save
+    bytes for CPU outputs, loaded with weights_only); nothing the candidate sends is unpickled."""
+
+    def __init__(self, req: Request):
+        from multiprocessing.connection import Connection
+
+        self.req = req
+        self.cuda = req.device.startswith("cuda")
+        if self.cuda:
+            import torch.multiprocessing  # noqa: F401  (registers CUDA IPC reductions)
+            from multiprocessing.reduction import ForkingPickler
+
+            self._dumps = ForkingPickler.dumps
+        else:
+            self._dumps = pickle.dumps
+        parent, child = socket.socketpair()
+        workdir = os.path.join(req.workdir, "candidate")
+        os.makedirs(workdir, exist_ok=True)
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TMPDIR=workdir)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cudagym.eval.runner", str(child.fileno()), workdir, *req.writable],
+            pass_fds=[child.fileno()], env=env, cwd=workdir, start_new_session=True,
+            stdout=open(os.path.join(workdir, "stdout.log"), "wb"), stderr=subprocess.STDOUT)
+        child.close()
+        self.conn = Connection(parent.detach())
+        self.watchdog = MemoryWatchdog(self.proc.pid, req.runner_memory_bytes).__enter__()
+
+    def request(self, timeout_s: float, **msg) -> dict:
+        self.conn.send_bytes(self._dumps(msg))
+        return self._receive(timeout_s, what=msg["op"])
+
+    def _receive(self, timeout_s: float, what: str) -> dict:
+        if not self.conn.poll(timeout_s):
+            self.close()
+            raise CandidateFailed("timeout", f"candidate did not answer '{what}' within {timeout_s:.0f} s")
+        try:
+            reply = json.loads(self.conn.recv_bytes())
+        except (EOFError, ConnectionResetError, OSError):
+            self.proc.wait(timeout=10)
+            if self.watchdog.fired:
+                raise CandidateFailed("runtime_error", f"candidate exceeded the memory limit ({self.req.runner_memory_bytes >> 20} MiB)")
+            raise CandidateFailed("runtime_error", f"candidate process died during '{what}' ({describe_exit(self.proc.returncode)})"
+                                  f"{self._log_tail()}")
+        except (ValueError, UnicodeDecodeError):
+            raise CandidateFailed("rejected", f"malformed reply from the candidate's process during '{what}'",
+                                  {"protocol_tamper": ["reply is not JSON"]})
+        if not isinstance(reply, dict):
+            raise CandidateFailed("rejected", "malformed reply", {"protocol_tamper": ["reply is not an object"]})
+        if not reply.get("ok"):
+            raise CandidateFailed(reply.get("status") if reply.get("status") in ("compile_error", "runtime_error", "incorrect")
+                                  else "runtime_error", str(reply.get("reason", "failed"))[:500], reply.get("flags") or {},
+                                  trace=str(reply.get("trace", ""))[-2000:] or None)
+        return reply
+
+    def receive_outputs(self, timeout_s: float) -> list[torch.Tensor]:
+        """CPU outputs by value: torch.load(weights_only=True) admits tensors and containers only."""
+        import io
+
+        if not self.conn.poll(timeout_s):
+            raise CandidateFailed("timeout", "candidate did not send its outputs")
+        outs = torch.load(io.BytesIO(self.conn.recv_bytes()), weights_only=True)
+        if not isinstance(outs, list) or any(type(t) is not torch.Tensor for t in outs):
+            raise CandidateFailed("rejected", "candidate sent something other than tensors", {"protocol_tamper": ["outputs"]})
+        return outs
+
+    def _log_tail(self) -> str:
+        try:
+            with open(os.path.join(self.req.workdir, "candidate", "stdout.log"), "rb") as f:
+                lines = [ln for ln in f.read()[-4000:].decode(errors="replace").splitlines() if ln.strip()]
+            return f": {lines[-1][:300]}" if lines else ""
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.conn.send_bytes(pickle.dumps({"op": "exit"}))
+                self.proc.wait(timeout=5)
+        except Exception:
+            pass
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+        self.watchdog.__exit__(None, None, None)
+
+
+# -- the evaluation ---------------------------------------------------------------------------------
+class Evaluation:
+    def __init__(self, req: Request):
+        self.req = req
+        self.tol = checks.Tolerance(req.atol, req.rtol)
+        self.rng = random.Random(req.seed if req.seed is not None else secrets.randbits(64))
+        self.flags: dict[str, list[str]] = {}
+        self.info: dict = {}
+        self.ref = load_reference(req.ref_code)
+        self.init_args = list(self.ref.get_init_inputs())
+        self.init_seed = self.rng.getrandbits(63)
+        torch.manual_seed(self.init_seed)
+        self.model = self.ref.Model(*self.init_args).to(req.device)
+
+    def new_seed(self) -> int:
+        return self.rng.getrandbits(63)
+
+    def add_flags(self, flags: dict | None) -> None:
+        for name, details in (flags or {}).items():
+            self.flags.setdefault(name, [])
+            self.flags[name] += [d for d in details if d not in self.flags[name]]
+
+    def call_candidate(self, runner: RunnerProcess, inputs: list, ref: list[torch.Tensor], guard: bool):
+        """Candidate's outputs for `inputs` (shared copy), and whether it mutated that copy."""
+        shared = clone_inputs(inputs)
+        buffers = [torch.full_like(r, float("nan")) if r.is_floating_point() else torch.empty_like(r) for r in ref] \
+            if runner.cuda else None
+        reply = runner.request(self.req.call_timeout_s, op="call", inputs=shared, buffers=buffers, guard=guard)
+        self.add_flags(reply.get("flags"))
+        outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
+        mutated = any(isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(shared, inputs))
+        return outs, mutated
+
+    def check(self, runner: RunnerProcess) -> None:
+        other_ref = None
+        for i in range(self.req.n_checks):
+            inputs = make_inputs(self.ref, self.new_seed(), self.req.device)
+            ref = run_reference(self.model, inputs)
+            # Alternate guarded and unguarded calls: a candidate that behaves only when watched still
+            # has its unguarded outputs checked.
+            outs, mutated = self.call_candidate(runner, inputs, ref, guard=(i % 2 == 0))
+            if mutated:
+                self.add_flags({"input_mutation": [f"check {i}"]})
+            reason = checks.compare(outs, ref, self.tol)
+            if reason:
+                raise CandidateFailed("incorrect", f"check {i}: {reason}")
+            accepted = checks.accepted_probes(ref, inputs, other_ref, self.tol)
+            if accepted:
+                self.info.setdefault("degenerate_probes", sorted(set(accepted)))
+                self.check_degenerate(runner, inputs, ref, outs, accepted, i)
+            ref64 = reference_fp64(self.model, inputs)
+            if ref64 is not None:
+                err, err_ref = checks.precision_error(outs, ref, ref64)
+                self.info["max_rel_err_fp64"] = max(err, self.info.get("max_rel_err_fp64", 0.0))
+                if checks.is_downcast(err, err_ref):
+                    self.add_flags({"precision_downcast": [f"rel. error vs fp64 {err:.2g} (fp32 reference {err_ref:.2g})"]})
+            other_ref = ref
+            del inputs, outs
+
+    def check_degenerate(self, runner, inputs, ref, outs, accepted: list[str], i: int) -> None:
+        """The problem's tolerance check accepts a trivial answer: demand more than it does."""
+        err = checks.rel_l2(outs, ref)
+        if err > self.tol.rtol:
+            self.add_flags({"degenerate_output": [f"check {i}: rel. L2 error {err:.2g} (problem accepts {', '.join(accepted)})"]})
+            return
+        wide = widened(inputs, self.new_seed())
+        wide_ref = run_reference(self.model, wide)
+        if not all(bool(torch.isfinite(r).all()) for r in wide_ref if r.is_floating_point()):
+            return  # the reference itself is undefined off its domain (log, sqrt, ...)
+        wide_outs, _ = self.call_candidate(runner, wide, wide_ref, guard=False)
+        reason = checks.compare(wide_outs, wide_ref, self.tol)
+        wide_err = checks.rel_l2(wide_outs, wide_ref)
+        if reason or wide_err > self.tol.rtol:
+            self.add_flags({"degenerate_output": [f"wrong on widened inputs ({reason or f'rel. L2 error {wide_err:.2g}'}); "
+                                                  f"problem accepts {', '.join(accepted)}"]})
+
+    def timing_sets(self) -> tuple[list[list], list[list[torch.Tensor]]]:
+        first = make_inputs(self.ref, self.new_seed(), self.req.device)
+        n_sets = max(1, min(4, TIMING_INPUT_BUDGET_BYTES // max(1, nbytes(first))))
+        sets = [first] + [make_inputs(self.ref, self.new_seed(), self.req.device) for _ in range(n_sets - 1)]
+        return sets, [run_reference(self.model, s) for s in sets]
+
+    def time_candidate(self, runner: RunnerProcess, sets, refs) -> dict:
+        """Candidate (runner) and eager reference (here), rep by rep, same input rotation."""
+        timer = Timer(self.req.device)
+        runner.request(self.req.call_timeout_s, op="set_timing_inputs", sets=sets)
+        if self.req.timing_mode == "paper":
+            ms = runner.request(self.req.call_timeout_s, op="paper", index=0)["ms"]
+            eager = profiler_kernel_ms(lambda: self.model(*sets[0])) if runner.cuda else None
+            return {"t_candidate_ms": ms, "t_eager_ms": eager, "timing": {"reps": 10}}
+        empty = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            runner.request(self.req.call_timeout_s, op="empty_rep")
+            empty.append((time.perf_counter() - t0) * 1e3)
+        eager_times, walls, n_checked = [], [], 0
+
+        def rep(i: int) -> float:
+            nonlocal n_checked
+            t0 = time.perf_counter()
+            ms = runner.request(self.req.call_timeout_s, op="rep", index=i)["ms"]
+            walls.append((time.perf_counter() - t0) * 1e3)
+            if not isinstance(ms, (int, float)) or not ms >= 0:
+                raise CandidateFailed("rejected", "timer returned a non-time", {"timer_tamper": [repr(ms)[:50]]})
+            if i == 0 or self.rng.random() < TIMED_OUTPUT_CHECK_P:
+                self.check_timed_output(runner, refs[i % len(sets)], i)
+                n_checked += 1
+            if self.req.eager_baseline:
+                with torch.no_grad():
+                    timer.flush()
+                    eager_times.append(timer.time_ms(lambda: self.model(*sets[i % len(sets)]))[0])
+            return float(ms)
+
+        times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
+        self.check_timed_output(runner, refs[(len(times) - 1) % len(sets)], len(times) - 1, rerun=True)
+        stats = summarize(times)
+        # The runner's clock is the candidate's to tamper with; the judge's wall clock is not. A rep
+        # can't take less than its wall time minus the cost of an empty rep, give or take jitter.
+        wall_floor = sorted(walls)[len(walls) // 2] - sorted(empty)[len(empty) // 2]
+        if stats["median_ms"] < 0.5 * wall_floor - 0.2:
+            self.add_flags({"timer_tamper": [f"reported {stats['median_ms']:.3f} ms, wall clock says >= {wall_floor:.3f} ms"]})
+        stats["timed_outputs_checked"] = n_checked + 1
+        result = {"t_candidate_ms": stats["median_ms"], "timing": stats}
+        if eager_times:
+            result["t_eager_ms"] = summarize(eager_times)["median_ms"]
+            result["timing"]["eager_iqr_ms"] = summarize(eager_times)["iqr_ms"]
+        return result
+
+    def check_timed_output(self, runner: RunnerProcess, ref: list[torch.Tensor], i: int, rerun: bool = False) -> None:
+        if rerun:  # the last timed call, run once more so its output is the one on record
+            runner.request(self.req.call_timeout_s, op="rep", index=i)
+        buffers = [torch.full_like(r, float("nan")) if r.is_floating_point() else torch.empty_like(r) for r in ref] \
+            if runner.cuda else None
+        reply = runner.request(self.req.call_timeout_s, op="last_output", buffers=buffers)
+        self.add_flags(reply.get("flags"))
+        outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
+        reason = checks.compare(outs, ref, self.tol)
+        if reason:
+            raise CandidateFailed("rejected", f"timed call {i} returned a wrong result ({reason}): correct only while checked",
+                                  {"timed_output_mismatch": [f"rep {i}"]})
+
+
+def time_reference(model, sets: list[list], device: str, timing_mode: str, compile_too: bool, req: Request) -> dict:
+    """Eager and (optionally) torch.compile baselines, interleaved rep by rep."""
+    timer = Timer(device)
+    compiled = None
+    if compile_too:
+        t0 = time.perf_counter()
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*sets[0])
+        timer.sync()
+        compile_s = time.perf_counter() - t0
+    if timing_mode == "paper":
+        with torch.no_grad():
+            out = {"t_eager_ms": profiler_kernel_ms(lambda: model(*sets[0]))}
+            if compiled is not None:
+                out["t_compile_ms"] = profiler_kernel_ms(lambda: compiled(*sets[0]))
+        return out
+    eager, comp = [], []
+
+    def rep(i: int) -> float:
+        with torch.no_grad():
+            timer.flush()
+            ms = timer.time_ms(lambda: model(*sets[i % len(sets)]))[0]
+            eager.append(ms)
+            if compiled is not None:
+                timer.flush()
+                comp.append(timer.time_ms(lambda: compiled(*sets[i % len(sets)]))[0])
+        return ms + (comp[-1] if comp else 0.0)
+
+    adaptive_reps(rep, req.min_reps, req.max_reps, req.max_timing_s)
+    out = {"t_eager_ms": summarize(eager)["median_ms"], "eager": summarize(eager)}
+    if compiled is not None:
+        out.update(t_compile_ms=summarize(comp)["median_ms"], compile=summarize(comp), compile_s=compile_s)
+    return out
+
+
+def environment(device: str) -> dict:
+    env = {"torch": torch.__version__.split("+")[0], "device": device}
+    if device.startswith("cuda"):
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
+    else:
+        env.update(gpu="cpu", cuda=None)
+    return env
+
+
+def evaluate(req: Request) -> dict:
+    """Verdict fields for a candidate (mode eval), baseline times (mode baseline) or accepted probes (audit)."""
+    set_fp32_precision()
+    if req.device.startswith("cuda"):
+        torch.cuda.set_device(req.device)
+    result: dict = {"env": environment(req.device), "timing_mode": req.timing_mode}
+    if req.mode == "baseline":
+        with gpu_lock(req.lock_path, exclusive=False):
+            ev = Evaluation(req)
+            sets, _ = ev.timing_sets()
+        with gpu_lock(req.lock_path, exclusive=True):
+            result.update(time_reference(ev.model, sets, req.device, req.timing_mode, req.compile_baseline, req))
+        return result
+    if req.mode == "audit":
+        with gpu_lock(req.lock_path, exclusive=False):
+            return {**result, **audit(req)}
+    ev = Evaluation(req)
+    runner = RunnerProcess(req)
+    try:
+        with gpu_lock(req.lock_path, exclusive=False):
+            reply = runner.request(req.init_timeout_s, op="init", code=req.candidate_code, device=req.device,
+                                   init_args=ev.init_args, state_dict=ev.model.state_dict(), init_seed=ev.init_seed,
+                                   policy=req.policy, task_dtypes=sorted(task_dtypes(ev.model, ev.ref)),
+                                   gpu_memory_fraction=req.gpu_memory_fraction)
+            result["env"]["sandbox"] = reply.get("sandbox")
+            ev.add_flags(reply.get("flags"))
+            ev.check(runner)
+            if ev.flags:
+                raise CandidateFailed("rejected", "hack checks fired: " + ", ".join(sorted(ev.flags)))
+            sets, refs = ev.timing_sets() if req.time_candidate else (None, None)
+        if req.time_candidate:
+            with gpu_lock(req.lock_path, exclusive=True):
+                result.update(ev.time_candidate(runner, sets, refs))
+                ev.add_flags(runner.request(req.call_timeout_s, op="integrity").get("flags"))
+                if req.compile_baseline:
+                    result.update({k: v for k, v in time_reference(ev.model, sets, req.device, req.timing_mode, True, req).items()
+                                   if k in ("t_compile_ms", "compile", "compile_s")})
+            if ev.flags:
+                raise CandidateFailed("rejected", "hack checks fired: " + ", ".join(sorted(ev.flags)))
+        result.update(status="pass")
+    except CandidateFailed as failure:
+        ev.add_flags(failure.flags)
+        result.update(status=failure.status, reason=failure.reason)
+        if failure.trace:
+            result["trace"] = failure.trace  # the candidate's traceback, for the person debugging it
+        result.pop("t_candidate_ms", None)
+    finally:
+        runner.close()
+    result["flags"] = sorted(ev.flags)
+    result["flag_details"] = ev.flags
+    result["info"] = ev.info
+    return result
+
+
+def audit(req: Request) -> dict:
+    """Which degenerate probes this problem's check accepts, on every one of n_checks (>= 2) input sets."""
+    ev = Evaluation(req)
+    accepted_all, other_ref = set(checks.PROBES), None
+    for _ in range(max(2, req.n_checks)):
+        inputs = make_inputs(ev.ref, ev.new_seed(), req.device)
+        ref = run_reference(ev.model, inputs)
+        accepted = set(checks.accepted_probes(ref, inputs, other_ref, ev.tol))
+        if other_ref is None:  # input_independent needs a second input set to be judged
+            accepted.add("input_independent")
+        accepted_all &= accepted
+        other_ref = ref
+    return {"accepts": sorted(accepted_all)}
+
+
+def main(argv: list[str]) -> int:
+    from cudagym.tasks.sandbox import isolate
+
+    request_path = argv[1]
+    with open(request_path) as f:
+        req = Request(**json.load(f))
+    result_path = os.path.join(req.workdir, "result.json")
+    sandbox = isolate(req.workdir, list(req.writable)) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
+    os.environ["TMPDIR"] = req.workdir
+    try:
+        result = evaluate(req)
+        result.setdefault("env", {})["judge_sandbox"] = sandbox
+    except Exception as exc:  # the reference itself failed: not the candidate's fault, but still a verdict
+        result = {"status": "runtime_error", "reason": f"reference failed: {type(exc).__name__}: {exc}"[:500],
+                  "judge_error": True, "trace": traceback.format_exc()[-3000:]}
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

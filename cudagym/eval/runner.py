@@ -1,0 +1,223 @@
+"""The candidate's process: imports the untrusted ModelNew and runs it on the judge's request.
+
+Started by the judge as `python -m cudagym.eval.runner FD WORKDIR [WRITABLE...]` with one end of a
+socket pair. It isolates itself (no network, read-only file system but its workdir) before
+importing torch, then serves requests. Requests come from the trusted judge as pickles (on CUDA
+the tensors travel as IPC handles: inputs and the output buffers the candidate's results are
+copied into); replies go back as JSON (plus `torch.save` bytes of CPU outputs), which the judge
+parses without unpickling. Reference outputs never exist in this process.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import sys
+import traceback
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    # Build failures put the useful compiler line in the middle; keep the first error line if any.
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return " ".join((errors[:2] if len(lines) > 3 and errors else lines[:2]))[:400]
+
+
+class Runner:
+    def __init__(self, conn, sandbox: str):
+        self.conn, self.sandbox = conn, sandbox
+        self.model = None
+        self.timing_sets: list[list] = []
+        self.last_out = None
+
+    def reply(self, **msg) -> None:
+        self.conn.send_bytes(json.dumps(msg).encode())
+
+    def serve(self) -> None:
+        while True:
+            try:
+                request = pickle.loads(self.conn.recv_bytes())
+            except EOFError:
+                return
+            op = request.pop("op")
+            if op == "exit":
+                self.reply(ok=True)
+                return
+            try:
+                getattr(self, f"op_{op}")(**request)
+            except Exception as exc:  # the candidate's exception is a verdict, never a crash
+                self.reply(ok=False, status="runtime_error", reason=_one_line(exc),
+                           trace=traceback.format_exc()[-2000:])
+
+    # -- requests ---------------------------------------------------------------------------------
+    def op_init(self, code: str, device: str, init_args: list, state_dict: dict, init_seed: int,
+                policy: str, task_dtypes: list[str], gpu_memory_fraction: float | None = None) -> None:
+        import torch
+
+        # Imported before the candidate, so the snapshot covers every harness function it could replace.
+        import cudagym.eval.checks  # noqa: F401
+        import cudagym.eval.guard  # noqa: F401
+        from cudagym.eval.integrity import Snapshot
+        from cudagym.eval.timing import Timer
+
+        self.device, self.policy, self.task_dtypes = device, policy, set(task_dtypes)
+        set_fp32_precision()
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)
+            if gpu_memory_fraction:
+                torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction)
+        warm_up(device)
+        self.timer = Timer(device)
+        self.snapshot = Snapshot.take()
+
+        path = os.path.join(os.getcwd(), "candidate.py")
+        with open(path, "w") as f:
+            f.write(code)
+        try:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("candidate", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["candidate"] = module
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # build failures, syntax errors, SystemExit from a build tool
+            return self.reply(ok=False, status="compile_error", reason=_one_line(exc))
+        model_cls = getattr(module, "ModelNew", None)
+        if not isinstance(model_cls, type):
+            return self.reply(ok=False, status="compile_error", reason="candidate defines no class ModelNew")
+        torch.manual_seed(init_seed)
+        model = model_cls(*init_args)
+        if isinstance(model, torch.nn.Module):
+            model = model.to(device)
+            own = model.state_dict()
+            matching = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
+            if matching:
+                model.load_state_dict(matching, strict=False)
+        self.model = model
+        self.reply(ok=True, flags=self.snapshot.changes(), sandbox=self.sandbox, loaded_keys=len(state_dict))
+
+    def op_call(self, inputs: list, buffers: list | None, guard: bool) -> None:
+        import torch
+
+        from cudagym.eval.guard import OpRecord, make_guard
+
+        record = OpRecord()
+        with torch.no_grad():
+            if guard:
+                with make_guard(record):
+                    out = self.model(*inputs)
+            else:
+                out = self.model(*inputs)
+            self.timer.sync()
+        flags = self.snapshot.changes()
+        flags.update(record.violations(self.policy, self.task_dtypes))
+        self._send_outputs(out, buffers, flags, ops=sorted(record.python_calls | record.cpp_aten)[:50])
+
+    def op_set_timing_inputs(self, sets: list[list]) -> None:
+        self.timing_sets = sets
+        self.reply(ok=True)
+
+    def op_rep(self, index: int) -> None:
+        import torch
+
+        inputs = self.timing_sets[index % len(self.timing_sets)]
+        self.timer.flush()
+        with torch.no_grad():
+            ms, self.last_out = self.timer.time_ms(lambda: self.model(*inputs))
+        self.reply(ok=True, ms=ms)
+
+    def op_empty_rep(self) -> None:
+        """What a rep costs with no work: the judge's wall-clock yardstick for the timer cross-check."""
+        self.timer.flush()
+        ms, _ = self.timer.time_ms(lambda: None)
+        self.reply(ok=True, ms=ms)
+
+    def op_last_output(self, buffers: list | None) -> None:
+        out, self.last_out = self.last_out, None
+        self._send_outputs(out, buffers, self.snapshot.changes(), ops=[])
+
+    def op_paper(self, index: int) -> None:
+        import torch
+
+        from cudagym.eval.timing import profiler_kernel_ms
+
+        inputs = self.timing_sets[index % len(self.timing_sets)]
+        with torch.no_grad():
+            ms = profiler_kernel_ms(lambda: self.model(*inputs))
+        self.reply(ok=True, ms=ms)
+
+    def op_integrity(self) -> None:
+        self.reply(ok=True, flags=self.snapshot.changes())
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _send_outputs(self, out, buffers: list | None, flags: dict, ops: list) -> None:
+        import torch
+
+        from cudagym.eval.checks import as_tensor_list, structure_mismatch
+
+        try:
+            outs = as_tensor_list(out)
+        except TypeError as exc:
+            return self.reply(ok=False, status="incorrect", reason=str(exc), flags=flags)
+        if buffers is None:  # CPU: results travel by value, in a format the judge loads without unpickling
+            payload = io.BytesIO()
+            torch.save([t.detach().clone() for t in outs], payload)
+            self.reply(ok=True, flags=flags, ops=ops, n_bytes=payload.tell())
+            self.conn.send_bytes(payload.getvalue())
+            return
+        mismatch = structure_mismatch(outs, buffers)
+        if mismatch:
+            return self.reply(ok=False, status="incorrect", reason=mismatch, flags=flags)
+        for buf, t in zip(buffers, outs):
+            buf.copy_(t)
+        self.timer.sync()
+        self.reply(ok=True, flags=flags, ops=ops)
+
+
+def set_fp32_precision() -> None:
+    """TF32 and reduced-precision reductions off: fp32 means fp32 for reference, baselines and candidate."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
+def warm_up(device: str) -> None:
+    """Create the handles and thread pools torch makes lazily, so the thread snapshot includes them."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(256, 256, device=device)
+    y = (x @ x).relu().sum(dim=0)
+    F.conv2d(torch.randn(1, 3, 16, 16, device=device), torch.randn(4, 3, 3, 3, device=device))
+    torch.cumsum(y, 0)
+    # First use of the guard imports dispatch machinery that rebinds a few torch attributes, and
+    # torch.save caches __slotnames__ on Tensor: both happen here, before the snapshot.
+    from cudagym.eval.guard import OpRecord, make_guard
+
+    with make_guard(OpRecord()):
+        torch.relu(x)
+    torch.save([x[:1].clone()], io.BytesIO())
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str]) -> int:
+    from multiprocessing.connection import Connection
+
+    from cudagym.tasks.sandbox import isolate
+
+    fd, workdir, writable = int(argv[1]), argv[2], argv[3:]
+    sandbox = isolate(workdir, writable) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
+    os.chdir(workdir)
+    os.environ["TMPDIR"] = workdir
+    Runner(Connection(fd), sandbox).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

@@ -1,0 +1,34 @@
+"""Session-wide test environment: CPU-only, offline, shared compile caches, the KernelBench file.
+
+The env defaults are set at import time, before any test module imports torch, prefect or
+huggingface_hub (all read them once at import). `make test` sets the same values; running pytest
+directly gets them from here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "problems.jsonl"
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+if not os.environ.get("CUDAGYM_KERNELBENCH") and SHARED_KERNELBENCH.is_file():
+    os.environ["CUDAGYM_KERNELBENCH"] = str(SHARED_KERNELBENCH)
+
+
+@pytest.fixture(scope="session")
+def kernelbench_path() -> Path:
+    """The KernelBench problems file (JSONL): $CUDAGYM_KERNELBENCH, else the workplace copy."""
+    env = os.environ.get("CUDAGYM_KERNELBENCH", "").strip()
+    for candidate in ([Path(env)] if env else []) + [SHARED_KERNELBENCH]:
+        if candidate.is_file():
+            return candidate
+    pytest.skip(f"no KernelBench file: set CUDAGYM_KERNELBENCH or provide {SHARED_KERNELBENCH}")
