@@ -15,8 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from cudagym.eval.verdict import Status, Verdict
@@ -39,6 +38,7 @@ class EvalConfig:
     atol: float = 1e-2
     rtol: float = 1e-2
     time_candidate: bool = True
+    compile_baseline: bool = True  # time torch.compile live when no cached baseline is given
     static_checks: bool = True
     timeout_s: float = 60.0  # per call of the candidate
     build_timeout_s: float = 900.0  # import of the candidate, its extension build included
@@ -166,8 +166,8 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
                "call_timeout_s": config.timeout_s, "init_timeout_s": config.build_timeout_s,
                "runner_memory_bytes": int(config.memory_limit_gb * 2**30), "lock_path": config.lock_path,
                "seed": config.seed, "min_reps": config.min_reps, "max_reps": config.max_reps,
-               "max_timing_s": config.max_timing_s, "compile_baseline": config.time_candidate and t_compile_ms is None
-               and config.device.startswith("cuda")}
+               "max_timing_s": config.max_timing_s, "compile_baseline": config.time_candidate and config.compile_baseline
+               and t_compile_ms is None}
     result = run_judge(request, config.judge_timeout_s)
     return verdict_from_result(result, verdict, t_compile_ms)
 

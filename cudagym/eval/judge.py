@@ -378,17 +378,20 @@ class Evaluation:
                                   {"timed_output_mismatch": [f"rep {i}"]})
 
 
-def time_reference(model, sets: list[list], device: str, timing_mode: str, compile_too: bool, req: Request) -> dict:
-    """Eager and (optionally) torch.compile baselines, interleaved rep by rep."""
+def compile_reference(model, sets: list[list], device: str) -> tuple[object, float]:
+    """torch.compile (inductor, default mode) and its first call: CPU-heavy, so done outside the
+    exclusive GPU lock. Returns (compiled model, seconds)."""
+    t0 = time.perf_counter()
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        compiled(*sets[0])
+    Timer(device).sync()
+    return compiled, time.perf_counter() - t0
+
+
+def time_reference(model, compiled, sets: list[list], device: str, timing_mode: str, req: Request) -> dict:
+    """Eager and (if given) compiled baselines, interleaved rep by rep on the same input rotation."""
     timer = Timer(device)
-    compiled = None
-    if compile_too:
-        t0 = time.perf_counter()
-        compiled = torch.compile(model)
-        with torch.no_grad():
-            compiled(*sets[0])
-        timer.sync()
-        compile_s = time.perf_counter() - t0
     if timing_mode == "paper":
         with torch.no_grad():
             out = {"t_eager_ms": profiler_kernel_ms(lambda: model(*sets[0]))}
@@ -410,7 +413,7 @@ def time_reference(model, sets: list[list], device: str, timing_mode: str, compi
     adaptive_reps(rep, req.min_reps, req.max_reps, req.max_timing_s)
     out = {"t_eager_ms": summarize(eager)["median_ms"], "eager": summarize(eager)}
     if compiled is not None:
-        out.update(t_compile_ms=summarize(comp)["median_ms"], compile=summarize(comp), compile_s=compile_s)
+        out.update(t_compile_ms=summarize(comp)["median_ms"], compile=summarize(comp))
     return out
 
 
@@ -433,8 +436,9 @@ def evaluate(req: Request) -> dict:
         with gpu_lock(req.lock_path, exclusive=False):
             ev = Evaluation(req)
             sets, _ = ev.timing_sets()
+            compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device) if req.compile_baseline else (None, None)
         with gpu_lock(req.lock_path, exclusive=True):
-            result.update(time_reference(ev.model, sets, req.device, req.timing_mode, req.compile_baseline, req))
+            result.update(time_reference(ev.model, compiled, sets, req.device, req.timing_mode, req))
         return result
     if req.mode == "audit":
         with gpu_lock(req.lock_path, exclusive=False):
@@ -453,13 +457,16 @@ def evaluate(req: Request) -> dict:
             if ev.flags:
                 raise CandidateFailed("rejected", "hack checks fired: " + ", ".join(sorted(ev.flags)))
             sets, refs = ev.timing_sets() if req.time_candidate else (None, None)
+            compiled = None
+            if req.time_candidate and req.compile_baseline:
+                compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device)
         if req.time_candidate:
             with gpu_lock(req.lock_path, exclusive=True):
                 result.update(ev.time_candidate(runner, sets, refs))
                 ev.add_flags(runner.request(req.call_timeout_s, op="integrity").get("flags"))
-                if req.compile_baseline:
-                    result.update({k: v for k, v in time_reference(ev.model, sets, req.device, req.timing_mode, True, req).items()
-                                   if k in ("t_compile_ms", "compile", "compile_s")})
+                if compiled is not None:
+                    baseline = time_reference(ev.model, compiled, sets, req.device, req.timing_mode, req)
+                    result.update(t_compile_ms=baseline.get("t_compile_ms"), compile=baseline.get("compile"))
             if ev.flags:
                 raise CandidateFailed("rejected", "hack checks fired: " + ", ".join(sorted(ev.flags)))
         result.update(status="pass")

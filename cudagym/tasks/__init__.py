@@ -82,5 +82,18 @@ def tasks_from_rows(rows: list[dict], source: str) -> list[Task]:
 
 
 def load_task_set(path: str | Path) -> list[Task]:
-    """Any task set file (JSONL or parquet with level, problem_id, name, code)."""
+    """A task set: a JSONL or parquet file with level, problem_id, name, code, or a directory of
+    `{level}_{problem_id}_{name}.py` files (how the bundled examples are kept)."""
+    path = Path(path)
+    if path.is_dir():
+        rows = []
+        for file in sorted(path.glob("*.py")):
+            level, pid, *rest = file.stem.split("_", 2)
+            if not (level.isdigit() and pid.isdigit()):
+                raise TaskError(f"{file}: task files are named LEVEL_ID_NAME.py")
+            rows.append({"level": int(level), "problem_id": int(pid), "name": f"{pid}_{rest[0] if rest else ''}",
+                         "code": file.read_text()})
+        if not rows:
+            raise TaskError(f"no task files (LEVEL_ID_NAME.py) in {path}")
+        return tasks_from_rows(rows, source=str(path))
     return tasks_from_rows(read_rows(path), source=str(path))

@@ -1,0 +1,321 @@
+"""`cudagym` command line: parse, build a config, call one library function, print.
+
+Heavy imports happen inside the commands. Bad input exits 1 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_DB = "out/cudagym.duckdb"
+
+
+class UsageError(Exception):
+    """Bad input; printed as one line."""
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"levels must be comma-separated integers, got {text!r}") from None
+    if not levels or any(lv < 1 for lv in levels):
+        raise argparse.ArgumentTypeError(f"levels must be positive integers, got {text!r}")
+    return levels
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def _eval_config(args: argparse.Namespace):
+    from cudagym.eval.evaluate import EvalConfig
+
+    device = args.device or _default_device()
+    if device == "cuda":
+        device = "cuda:0"
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but no CUDA device is visible (use --device cpu)")
+    try:
+        return EvalConfig(device=device, policy=args.policy, timing_mode=args.timing_mode, n_checks=args.n_checks,
+                          timeout_s=args.timeout)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _open_store(path: str):
+    from cudagym.eval.store import Store
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return Store(path)
+
+
+def _tasks(args: argparse.Namespace):
+    """The problems a command runs on: --problems file, else KernelBench at --kb-version/--levels."""
+    from cudagym.kernelbench import load_problems
+    from cudagym.tasks import load_task_set
+
+    if getattr(args, "problems", None):
+        tasks = load_task_set(args.problems)
+        return [t for t in tasks if t.level in args.levels] if args.levels_given else tasks
+    return load_problems(args.kb_version, args.levels)
+
+
+def _print_table(rows: list[dict], columns: list[str], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*[_fmt(row.get(col)) for col in columns])
+    Console(stderr=False).print(table)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return "" if value is None else str(value)
+
+
+# -- commands ---------------------------------------------------------------------------------------
+def cmd_eval_one(args) -> int:
+    from cudagym.eval.evaluate import CandidateError, evaluate_candidate, validate_candidate
+
+    ref, cand = Path(args.ref), Path(args.candidate)
+    for path in (ref, cand):
+        if not path.is_file():
+            raise UsageError(f"no such file: {path}")
+    ref_code, cand_code = ref.read_text(), cand.read_text()
+    try:
+        compile(ref_code, str(ref), "exec")
+    except SyntaxError as e:
+        raise UsageError(f"{ref}: syntax error at line {e.lineno}: {e.msg}") from None
+    try:
+        validate_candidate(ref_code, cand_code)
+    except CandidateError as e:
+        raise UsageError(f"{cand}: {e}") from None
+    verdict = evaluate_candidate(ref_code, cand_code, _eval_config(args))
+    if args.json:
+        print(verdict.to_json())
+    else:
+        _print_table([verdict.to_dict()], ["status", "reason", "flags", "t_candidate_ms", "t_eager_ms", "t_compile_ms",
+                                           "speedup_vs_eager", "speedup_vs_compile", "reward"], f"{cand.name}")
+    return 0
+
+
+def cmd_eval_run(args) -> int:
+    from cudagym.eval.batch import run_submission
+    from cudagym.eval.metrics import compute_metrics
+
+    config = _eval_config(args)
+    tasks = _tasks(args)
+    name = args.name or Path(args.submission_dir).resolve().name
+    kb_version = None if args.problems else args.kb_version
+    with _open_store(args.db) as store:
+        verdicts = run_submission(args.submission_dir, tasks, store, name, config, parallel=args.parallel,
+                                  levels=args.levels if not args.problems else sorted({t.level for t in tasks}),
+                                  kb_version=kb_version)
+    rows = [v.to_dict() for v in verdicts]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    metrics = compute_metrics(rows, expected=[(t.level, t.problem_id) for t in tasks])
+    _print_table([{"scope": k, **m} for k, m in metrics.items()],
+                 ["scope", "n", "pass_rate", "faster_than_compile_rate", "faster_than_eager_rate",
+                  "geomean_all_vs_compile", "geomean_all_vs_eager"], f"{name} ({config.timing_mode} timing)")
+    return 0
+
+
+def cmd_baseline_run(args) -> int:
+    from cudagym.eval.batch import run_baselines
+
+    config = _eval_config(args)
+    tasks = _tasks(args)
+    with _open_store(args.db) as store:
+        results = run_baselines(tasks, store, config, parallel=args.parallel)
+    rows = [{"id": t.id, "name": t.name, **{k: results[t.id].get(k) for k in ("t_eager_ms", "t_compile_ms", "reason")}}
+            for t in tasks]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        _print_table(rows, ["id", "name", "t_eager_ms", "t_compile_ms", "reason"], "baselines")
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from cudagym.eval.batch import run_audit
+
+    rows = run_audit(_tasks(args), _eval_config(args), parallel=args.parallel)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        _print_table([r for r in rows if r["accepts"] or r.get("error")], ["level", "problem_id", "name", "accepts", "error"],
+                     f"problems whose check accepts a degenerate answer ({sum(bool(r['accepts']) for r in rows)} of {len(rows)})")
+    return 0
+
+
+def cmd_leaderboard_metrics(args) -> int:
+    from cudagym.eval.leaderboard import expected_problems
+    from cudagym.eval.metrics import compute_metrics
+    from cudagym.tasks import read_rows
+
+    verdicts = read_rows(args.verdicts)
+    expected = expected_problems(args.kb_version, args.levels) if (args.levels_given or args.kb_version_given) else None
+    metrics = compute_metrics(verdicts, expected=expected)
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        _print_table([{"scope": k, **m} for k, m in metrics.items()],
+                     ["scope", "n", "pass_rate", "faster_than_compile_rate", "faster_than_eager_rate",
+                      "geomean_correct_vs_compile", "geomean_all_vs_compile", "geomean_all_vs_eager"], str(args.verdicts))
+    return 0
+
+
+def cmd_leaderboard_show(args) -> int:
+    from cudagym.eval.leaderboard import show
+
+    if not Path(args.db).is_file():
+        raise UsageError(f"no database at {args.db} (run `cudagym eval run` first, or pass --db)")
+    with _open_store(args.db) as store:
+        show(store)
+    return 0
+
+
+def cmd_leaderboard_html(args) -> int:
+    from cudagym.eval.leaderboard import write_html
+
+    if not Path(args.db).is_file():
+        raise UsageError(f"no database at {args.db} (run `cudagym eval run` first, or pass --db)")
+    with _open_store(args.db) as store:
+        path = write_html(store, args.out)
+    print(path)
+    return 0
+
+
+def cmd_kernelbench_list(args) -> int:
+    from cudagym.kernelbench import load_problems
+
+    tasks = load_problems(args.kb_version, args.levels)
+    _print_table([{"id": t.id, "name": t.name, "sha256": t.sha256[:12]} for t in tasks], ["id", "name", "sha256"],
+                 f"KernelBench {args.kb_version}")
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 1 (argparse's default is usage text and exit 2)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_selection(p: argparse.ArgumentParser, problems: bool = True) -> None:
+    p.add_argument("--levels", type=_levels, default=None, help="comma-separated levels (default 1,2,3)")
+    p.add_argument("--kb-version", default=None, help="KernelBench version: v0, v0.1 (default), latest")
+    if problems:
+        p.add_argument("--problems", help="a task set (JSONL or parquet with level, problem_id, name, code) instead of KernelBench")
+
+
+def _add_eval_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if visible)")
+    p.add_argument("--policy", default="strict", help="op policy: strict (default) or permissive")
+    p.add_argument("--timing-mode", default="strict", help="strict (default) or paper")
+    p.add_argument("--n-checks", type=int, default=5, help="fresh input sets per correctness check (default 5)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a single candidate call may take")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cudagym", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    ev = sub.add_parser("eval", help="evaluate candidates").add_subparsers(dest="sub", required=True, parser_class=_Parser)
+    one = ev.add_parser("one", help="one candidate against one reference; prints a verdict")
+    one.add_argument("--ref", required=True)
+    one.add_argument("--candidate", required=True)
+    one.add_argument("--json", action="store_true")
+    _add_eval_options(one)
+    one.set_defaults(func=cmd_eval_one)
+    run = ev.add_parser("run", help="a submission directory over KernelBench or a task set (resumable)")
+    run.add_argument("submission_dir")
+    run.add_argument("--db", default=DEFAULT_DB)
+    run.add_argument("--name")
+    run.add_argument("--json", action="store_true", help="print the verdicts as JSONL")
+    run.add_argument("--parallel", type=int, default=1, help="judges at once (GPU timing stays exclusive)")
+    _add_selection(run)
+    _add_eval_options(run)
+    run.set_defaults(func=cmd_eval_run)
+
+    bl = sub.add_parser("baseline", help="eager and torch.compile baselines").add_subparsers(dest="sub", required=True,
+                                                                                             parser_class=_Parser)
+    blr = bl.add_parser("run", help="time and cache the baselines")
+    blr.add_argument("--db", default=DEFAULT_DB)
+    blr.add_argument("--json", action="store_true")
+    blr.add_argument("--parallel", type=int, default=1)
+    _add_selection(blr)
+    _add_eval_options(blr)
+    blr.set_defaults(func=cmd_baseline_run)
+
+    au = sub.add_parser("audit", help="degenerate-answer probes").add_subparsers(dest="sub", required=True, parser_class=_Parser)
+    auk = au.add_parser("kernelbench", help="which problems accept zeros / constant / passthrough / ...")
+    auk.add_argument("--json", action="store_true")
+    auk.add_argument("--parallel", type=int, default=1)
+    _add_selection(auk)
+    _add_eval_options(auk)
+    auk.set_defaults(func=cmd_audit)
+
+    lb = sub.add_parser("leaderboard", help="metrics and tables").add_subparsers(dest="sub", required=True, parser_class=_Parser)
+    met = lb.add_parser("metrics", help="metrics of a verdict JSONL file")
+    met.add_argument("verdicts")
+    met.add_argument("--json", action="store_true")
+    _add_selection(met, problems=False)
+    met.set_defaults(func=cmd_leaderboard_metrics)
+    show = lb.add_parser("show", help="terminal table of every submission in the store")
+    show.add_argument("--db", default=DEFAULT_DB)
+    show.set_defaults(func=cmd_leaderboard_show)
+    html = lb.add_parser("html", help="static page: per-level tables and speedup plots")
+    html.add_argument("--out", required=True)
+    html.add_argument("--db", default=DEFAULT_DB)
+    html.set_defaults(func=cmd_leaderboard_html)
+
+    kb = sub.add_parser("kernelbench", help="the KernelBench problem source").add_subparsers(dest="sub", required=True,
+                                                                                             parser_class=_Parser)
+    kbl = kb.add_parser("list", help="list problems")
+    _add_selection(kbl, problems=False)
+    kbl.set_defaults(func=cmd_kernelbench_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cudagym.tasks import TaskError
+
+    try:
+        args = build_parser().parse_args(argv)
+        args.levels_given = getattr(args, "levels", None) is not None
+        args.kb_version_given = getattr(args, "kb_version", None) is not None
+        if hasattr(args, "levels") and args.levels is None:
+            args.levels = [1, 2, 3]
+        if hasattr(args, "kb_version") and args.kb_version is None:
+            args.kb_version = "v0.1"
+        return args.func(args)
+    except (UsageError, TaskError, ValueError, OSError) as e:
+        print(f"cudagym: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cudagym: interrupted (results stored so far are kept; re-run to resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

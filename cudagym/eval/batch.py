@@ -1,0 +1,149 @@
+"""Many problems at once: a submission's eval, the baselines, the degenerate-problem audit.
+
+Judges run concurrently (`parallel` processes): building extensions and torch.compile use all CPU
+cores, while the GPU readers-writer lock keeps timing exclusive. The calling thread is the only
+DuckDB writer; every result is stored the moment it arrives, so a killed run resumes where it
+stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_job
+from cudagym.eval.store import BaselineKey, Store
+from cudagym.eval.verdict import Status, Verdict
+from cudagym.tasks import Task, TaskError
+
+SUBMISSION_FILE = re.compile(r"^(\d+)(?:_.*)?\.py$")
+
+
+def machine_env(device: str) -> dict:
+    """What baselines depend on besides the problem: GPU model, torch and CUDA versions."""
+    import torch
+
+    if device.startswith("cuda"):
+        return {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__.split("+")[0],
+                "cuda": torch.version.cuda or ""}
+    return {"gpu": "cpu", "torch": torch.__version__.split("+")[0], "cuda": ""}
+
+
+def baseline_key(task: Task, env: dict, timing_mode: str) -> BaselineKey:
+    # fp32 with TF32 off is the only precision regime the harness times in.
+    return BaselineKey(task.sha256, env["gpu"], env["torch"], env["cuda"], "float32-notf32", timing_mode)
+
+
+def submission_files(submission_dir: str | Path) -> dict[tuple[int, int], Path]:
+    """(level, problem_id) -> file, from level{L}/{problem_id}_*.py or level{L}/{problem_id}.py."""
+    root = Path(submission_dir)
+    if not root.is_dir():
+        raise TaskError(f"submission directory not found: {root}")
+    files: dict[tuple[int, int], Path] = {}
+    for level_dir in sorted(root.glob("level*")):
+        level = level_dir.name[len("level"):]
+        if not level_dir.is_dir() or not level.isdigit():
+            continue
+        for path in sorted(level_dir.glob("*.py")):
+            match = SUBMISSION_FILE.match(path.name)
+            if match:
+                key = (int(level), int(match.group(1)))
+                if key in files:
+                    raise TaskError(f"two files for level {key[0]} problem {key[1]}: {files[key].name}, {path.name}")
+                files[key] = path
+    return files
+
+
+def _gpu_lock_path(config: EvalConfig) -> EvalConfig:
+    if config.device.startswith("cuda") and not config.lock_path:
+        config = replace(config, lock_path=os.path.join(tempfile.gettempdir(), f"cudagym-gpu-{config.device}.lock"))
+    if config.lock_path:
+        for suffix in ("", ".turnstile"):
+            Path(config.lock_path + suffix).touch()
+    return config
+
+
+def _run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int, on_result: Callable[[object, object], None],
+             description: str, total: int) -> None:
+    """Run job thunks on `parallel` threads (each drives a subprocess), reporting with a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), transient=False) as progress, ThreadPoolExecutor(max_workers=parallel) as pool:
+        bar = progress.add_task(description, total=total)
+        futures: dict[Future, object] = {pool.submit(thunk): key for key, thunk in jobs}
+        for future in as_completed(futures):
+            on_result(futures[future], future.result())
+            progress.advance(bar)
+
+
+def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,
+                   parallel: int = 1, levels: list[int] | None = None, kb_version: str | None = None) -> list[Verdict]:
+    """Evaluate every task against the submission's file for it; missing files count as failed."""
+    config = _gpu_lock_path(config)
+    files = submission_files(submission_dir)
+    store.add_submission(name, str(submission_dir), config.timing_mode, levels=levels, kb_version=kb_version)
+    done = store.done_keys(name)
+    env = machine_env(config.device)
+    todo = [t for t in tasks if (t.kb_version, t.level, t.problem_id) not in done]
+
+    def job(task: Task) -> Verdict:
+        path = files.get((task.level, task.problem_id))
+        if path is None:
+            verdict = Verdict(status=Status.RUNTIME_ERROR, level=task.level, problem_id=task.problem_id, name=task.name,
+                              kb_version=task.kb_version, reason="no file for this problem in the submission",
+                              timing_mode=config.timing_mode)
+            return verdict.finish()
+        cached = store.get_baseline(baseline_key(task, env, config.timing_mode))
+        return evaluate_candidate(task.code, path.read_text(), config, task=task,
+                                  t_compile_ms=cached["t_compile_ms"] if cached else None)
+
+    def record(task: Task, verdict: Verdict) -> None:
+        store.add_verdict(name, verdict.to_dict())
+        if verdict.t_compile_ms and verdict.t_eager_ms and not store.get_baseline(baseline_key(task, env, config.timing_mode)):
+            store.put_baseline(baseline_key(task, env, config.timing_mode),
+                               {"t_eager_ms": verdict.t_eager_ms, "t_compile_ms": verdict.t_compile_ms, "source": "eval"})
+
+    _run_all(((t, lambda t=t: job(t)) for t in todo), parallel, record, f"eval {name}", len(todo))
+    wanted = {(t.kb_version, t.level, t.problem_id) for t in tasks}
+    return [Verdict.from_dict(v) for v in store.verdicts(name) if (v.get("kb_version"), v["level"], v["problem_id"]) in wanted]
+
+
+def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1) -> dict[str, dict]:
+    """Time eager and torch.compile for every task not cached yet; returns {task.id: record}."""
+    config = _gpu_lock_path(config)
+    env = machine_env(config.device)
+    todo = [t for t in tasks if store.get_baseline(baseline_key(t, env, config.timing_mode)) is None]
+    results: dict[str, dict] = {}
+
+    def record(task: Task, result: dict) -> None:
+        results[task.id] = result
+        if result.get("t_eager_ms") is not None:
+            store.put_baseline(baseline_key(task, env, config.timing_mode), result)
+
+    jobs = ((t, lambda t=t: run_reference_job(t, "baseline", config)) for t in todo)
+    _run_all(jobs, parallel, record, "baselines", len(todo))
+    for task in tasks:
+        results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode)) or {})
+    return results
+
+
+def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1) -> list[dict]:
+    """For every task, the degenerate probes its correctness check accepts (contract: `audit kernelbench`)."""
+    config = _gpu_lock_path(config)
+    rows: dict[str, dict] = {}
+
+    def record(task: Task, result: dict) -> None:
+        row = {"level": task.level, "problem_id": task.problem_id, "name": task.name,
+               "accepts": result.get("accepts", [])}
+        if "accepts" not in result:
+            row["error"] = result.get("reason", "failed")
+        rows[task.id] = row
+
+    _run_all(((t, lambda t=t: run_reference_job(t, "audit", config)) for t in tasks), parallel, record, "audit", len(tasks))
+    return [rows[t.id] for t in tasks]
