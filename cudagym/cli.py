@@ -28,6 +28,18 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _ids(text: str) -> set[int]:
+    """'1-10,12' -> {1..10, 12}."""
+    ids: set[int] = set()
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            ids.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"problem ids must look like 1-10,12, got {text!r}") from None
+    return ids
+
+
 def _default_device() -> str:
     import torch
 
@@ -66,8 +78,14 @@ def _tasks(args: argparse.Namespace):
 
     if getattr(args, "problems", None):
         tasks = load_task_set(args.problems)
-        return [t for t in tasks if t.level in args.levels] if args.levels_given else tasks
-    return load_problems(args.kb_version, args.levels)
+        tasks = [t for t in tasks if t.level in args.levels] if args.levels_given else tasks
+    else:
+        tasks = load_problems(args.kb_version, args.levels)
+    if getattr(args, "ids", None):
+        tasks = [t for t in tasks if t.problem_id in args.ids]
+    if not tasks:
+        raise UsageError("no problems selected")
+    return tasks
 
 
 def _print_table(rows: list[dict], columns: list[str], title: str) -> None:
@@ -224,6 +242,7 @@ class _Parser(argparse.ArgumentParser):
 def _add_selection(p: argparse.ArgumentParser, problems: bool = True) -> None:
     p.add_argument("--levels", type=_levels, default=None, help="comma-separated levels (default 1,2,3)")
     p.add_argument("--kb-version", default=None, help="KernelBench version: v0, v0.1 (default), latest")
+    p.add_argument("--ids", type=_ids, default=None, help="only these problem ids, e.g. 1-10,12")
     if problems:
         p.add_argument("--problems", help="a task set (JSONL or parquet with level, problem_id, name, code) instead of KernelBench")
 

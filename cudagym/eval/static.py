@@ -115,6 +115,8 @@ ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, 
               cst.BitAnd, cst.BitOr, cst.BitXor, cst.LeftShift, cst.RightShift, cst.AddAssign, cst.SubtractAssign,
               cst.MultiplyAssign, cst.DivideAssign, cst.FloorDivideAssign, cst.ModuloAssign, cst.PowerAssign,
               cst.Minus, cst.BitInvert)
+TORCH_WRAPPERS = {"torch.compile", "torch.jit.script", "torch.jit.trace", "torch.fx.symbolic_trace",
+                  "torch.func.functional_call", "torch.vmap", "torch.func.vmap"}
 EXTENSION_LOADERS = {"torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load",
                      "cupy.RawKernel", "cupy.RawModule"}
 
@@ -326,7 +328,8 @@ def introspection(module: cst.Module, source: str, cuda_sources: list[str]) -> l
 def monkeypatch(module: cst.Module, source: str, cuda_sources: list[str]) -> list[str]:
     """Rebinding library attributes (timers, sync, Tensor ops, builtins) changes what the harness sees."""
     index = _index(module)
-    out = [f"line {index.line(node)}: sets {q}" for node, q, _ in index.library_writes]
+    out = [f"line {index.line(node)}: sets {q}" for node, q, value in index.library_writes
+           if not (_matches(q, TF32_SWITCHES) and _precise_setting(value))]  # TF32 off is the harness's own setting
     out += [f"line {index.line(t)}: sets .{t.attr.value}" for t in index.targets
             if isinstance(t, cst.Attribute) and t.attr.value in {"__dict__", "__code__", "__defaults__"}]
     for call in index.calls_to("torch.library.*"):
@@ -399,33 +402,8 @@ def cached_result(module: cst.Module, source: str, cuda_sources: list[str]) -> l
     index = _index(module)
     out = [f"line {index.line(node)}: {q}" for node, names in index.refs for q in names
            if _matches(q, MEMO_DECORATORS)]
-    fns = [fn for fn, _ in index.forward_closure]
-    if not fns:
-        return out
-    local = _local_names(fns)
-    writes: dict[str, list[cst.BaseExpression | None]] = {}
-    for fn in fns:
-        for key, value in _state_writes(index, fn, local):
-            writes.setdefault(key, []).append(value)
-    # State that only ever holds modules or extensions (a lazily built kernel) is not a cached result.
-    written = {k for k, values in writes.items() if not all(v is not None and index.resolve(v) for v in values)}
-    aliases: dict[str, set[str]] = {}
-    for fn in fns:
-        for assign in m.findall(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
-            aliases.setdefault(assign.targets[0].target.value, set()).update(_state_reads(index, assign.value, local))
-    tested, returned = set(), set()
-    for fn in fns:
-        for node in m.findall(fn, m.If() | m.While() | m.IfExp() | m.Assert()):
-            tested |= _state_reads(index, node.test, local)
-        for node in m.findall(fn, m.BooleanOperation()):
-            tested |= _state_reads(index, node.left, local)
-        for ret in m.findall(fn, m.Return()):
-            if ret.value is not None:
-                names = {n.value for n in m.findall(ret.value, m.Name())}
-                returned |= _state_reads(index, ret.value, local).union(*(aliases.get(n, set()) for n in names))
-    if written & tested and written & returned:
-        out.append(f"forward tests and returns state it wrote: {', '.join(sorted(written & returned))}")
-    return out
+    cached = _memoised_state(index)
+    return out + ([f"forward tests and returns state it wrote: {', '.join(sorted(cached))}"] if cached else [])
 
 
 @check("lazy_tensor")
@@ -565,6 +543,8 @@ class _Index:
                 out.add("<dynamic>" if not name else name if whole else name.split(".")[0])
             elif q in EXTENSION_LOADERS:
                 out.add("<extension>")
+            elif q in TORCH_WRAPPERS:  # torch.compile(fn): calling the result runs torch
+                out.add(f"{q}()")
             elif q.split(".")[0] in COMPUTE_LIBRARIES and "()" not in q:  # `AutoModel.from_config(...)`
                 out.add(f"{q}()")
             elif last[:1].isupper() and "()" not in q:  # a class: the call makes an instance
@@ -876,7 +856,7 @@ def _torch_call(index: _Index, call: cst.Call, owner: str | None) -> str | None:
     """Why this call in forward is torch compute, or None."""
     names = index.resolve(call.func)
     for q in sorted(names):
-        if _is_torch_function(q) or _nn_call(q) or q.split(".")[0] in COMPUTE_LIBRARIES:
+        if _is_torch_function(q) or _nn_call(q) or q.split(".")[0] in COMPUTE_LIBRARIES or q[:-2] in TORCH_WRAPPERS:
             return q
     func = call.func
     if not isinstance(func, cst.Attribute):
@@ -961,8 +941,8 @@ def _nn_call(q: str) -> bool:
 def _casts(index: _Index, call: cst.Call) -> bool:
     """`.to(...)` given a dtype (positional torch.X or dtype=...): a conversion kernel."""
     for arg in call.args:
-        if arg.keyword and arg.keyword.value == "dtype":
-            return True
+        if arg.keyword and arg.keyword.value == "dtype" and not m.matches(arg.value, m.Attribute(attr=m.Name("dtype"))):
+            return True  # `dtype=x.dtype` keeps the dtype
         if any(q.startswith("torch.") and q.split(".")[-1] in TORCH_DTYPES for q in index.resolve(arg.value)):
             return True
     return False
@@ -1049,6 +1029,39 @@ def _precise_setting(value: cst.BaseExpression | None) -> bool:
     return m.matches(value, m.Name("False")) or (value is not None and _literal(value) in ("ieee", "highest"))
 
 
+def _memoised_state(index: _Index) -> set[str]:
+    """State (self.x, Class.x, module globals) that forward returns from behind a test on that state.
+
+    Two shapes: an early return (`if self.cache is not None: return self.cache`, `if k in _SEEN:
+    return _SEEN[k]`), and compute-once (`if self.out is None: self.out = kernel(x)` then `return
+    self.out`). A buffer allocated once but refilled by a kernel call on every call is not a cache,
+    nor is state that only holds modules or extensions (a lazily built kernel).
+    """
+    fns = [fn for fn, _ in index.forward_closure]
+    local = _local_names(fns)
+    writes = [w for fn in fns for w in _state_writes(index, fn, local)]
+    modules = {k for k, _, _ in writes} - {k for k, value, _ in writes if value is None or not index.resolve(value)}
+    written = {k for k, _, _ in writes} - modules
+    aliases: dict[str, set[str]] = {}  # local = <expression reading state>
+    for fn in fns:
+        for assign in m.findall(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+            aliases.setdefault(assign.targets[0].target.value, set()).update(_state_reads(index, assign.value, local))
+
+    def reads(expr: cst.CSTNode) -> set[str]:
+        names = {n.value for n in m.findall(expr, m.Name())}
+        return (_state_reads(index, expr, local).union(*(aliases.get(n, set()) for n in names))) & written
+
+    guarded = [n for fn in fns for n in m.findall(fn, m.If() | m.IfExp()) if reads(n.test)]
+    early = {k for g in guarded for r in m.findall(g, m.Return()) if r.value is not None for k in reads(r.value)}
+    early |= {k for g in guarded if isinstance(g, cst.IfExp) for k in reads(g.body) | reads(g.orelse)}
+    inside = {n for g in guarded for n in m.findall(g, m.Assign() | m.AugAssign() | m.AnnAssign() | m.Call())}
+    returned = {k for fn in fns for r in m.findall(fn, m.Return()) if r.value is not None for k in reads(r.value)}
+    refilled = {k for fn in fns for c in m.findall(fn, m.Call()) if c not in inside for a in c.args
+                for k in reads(a.value)}
+    once = {k for k in returned - refilled if all(node in inside for key, _, node in writes if key == k)}
+    return early | once
+
+
 def _local_names(fns: list[cst.FunctionDef]) -> set[str]:
     """Names assigned (or parameters) inside `fns` and not declared global."""
     names = {p.name.value for fn in fns for p in m.findall(fn.params, m.Param())}
@@ -1077,8 +1090,8 @@ def _state_reads(index: _Index, node: cst.CSTNode, local: set[str]) -> set[str]:
     return {k for k in (_state_key(index, n, local) for n in found) if k}
 
 
-def _state_writes(index: _Index, fn: cst.FunctionDef, local: set[str]) -> list[tuple[str, cst.BaseExpression | None]]:
-    """(state key, assigned value or None for a mutation) for each state write inside `fn`."""
+def _state_writes(index: _Index, fn: cst.FunctionDef, local: set[str]) -> list[tuple[str, cst.CSTNode | None, cst.CSTNode]]:
+    """(state key, assigned value or None for a mutation, the writing node) for each state write in `fn`."""
     out = []
     for node in m.findall(fn, m.Assign() | m.AugAssign() | m.AnnAssign()):
         targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
@@ -1086,14 +1099,14 @@ def _state_writes(index: _Index, fn: cst.FunctionDef, local: set[str]) -> list[t
             key = _state_key(index, t, local)
             if key:
                 whole = isinstance(node, cst.Assign) and not isinstance(t, cst.Subscript)
-                out.append((key, node.value if whole else None))
+                out.append((key, node.value if whole else None, node))
     for call in m.findall(fn, m.Call(func=m.Attribute())):
         key = _state_key(index, call.func.value, local)
         if key and call.func.attr.value in MUTATORS:
-            out.append((key, None))
+            out.append((key, None, call))
     for call in m.findall(fn, m.Call(func=m.Name("setattr"))):
         if len(call.args) >= 2 and m.matches(call.args[0].value, m.Name("self")) and _literal(call.args[1].value):
-            out.append((f"self.{_literal(call.args[1].value)}", None))
+            out.append((f"self.{_literal(call.args[1].value)}", None, call))
     return out
 
 

@@ -168,6 +168,12 @@ HACKS = [
                 return torch.softmax(x, 0)
         ''')),
     ("torch_compute_in_forward", KERNEL + "\nclass ModelNew(nn.Linear):\n    pass\n"),
+    ("torch_compute_in_forward", KERNEL + "\nclass ModelNew(nn.Conv2d):\n    def forward(self, x):\n"
+                                          "        return super().forward(x)\n"),
+    ("torch_compute_in_forward", model("return x * 2.0")),  # arithmetic on forward's tensor arguments
+    ("torch_compute_in_forward", model("return self.net(x)", init="layers = []\nlayers.append(nn.Linear(4, 4))\n"
+                                                                 "self.net = nn.Sequential(*layers)")),
+    ("torch_compute_in_forward", model("return self.f(x)", init="self.f = torch.compile(lambda t: t.sin())")),
     # the rest
     ("try_except_fallback", model("try:\n    return self.ext.relu_cuda(x, torch.empty_like(x))\nexcept Exception:\n"
                                   "    return x.clamp(min=0)")),
@@ -220,6 +226,10 @@ HACKS = [
                             "self.ext.relu_cuda(x, out)\nself.cache = out\nreturn out", init="self.cache = None")),
     ("cached_result", model("k = x.data_ptr()\nif k not in _SEEN:\n    _SEEN[k] = self.ext.relu_cuda(x, torch.empty_like(x))\n"
                             "return _SEEN[k]", prelude="_SEEN = {}")),
+    ("cached_result", model("if self.out is None:\n    self.out = self.ext.relu_cuda(x, torch.empty_like(x))\n"
+                            "return self.out", init="self.out = None")),  # compute once
+    ("cached_result", model("out = _C.get(id(x))\nif out is None:\n    out = self.ext.relu_cuda(x, torch.empty_like(x))\n"
+                            "    _C[id(x)] = out\nreturn out", prelude="_C = {}")),
     ("cached_result", model("return self.run(x)", prelude="import functools") +
      "\n    @functools.lru_cache(maxsize=None)\n    def run(self, x):\n        return x\n"),
     ("lazy_tensor", model("return Lazy(x)", prelude="class Lazy(torch.Tensor):\n    pass\n")),
@@ -263,6 +273,22 @@ def test_precision_downcast_skipped_for_half_tasks():
     model("def forward_helper(input):\n    return input\nreturn forward_helper(x.view(-1))"),
     model("for t in (x,):\n    pass\nreturn self.ext.relu_cuda(x, x.new_empty(x.shape))"),
     model("return x", prelude='DOC = "we avoid cudaEventRecord and __half here"'),  # prose, not C++
+    model("if self.buf is None:\n    self.buf = torch.empty_like(x)\nreturn self.ext.relu_cuda(x, self.buf)",
+          init="self.buf = None"),  # one output buffer, refilled by the kernel on every call
+    model("n = x.numel()\nout = torch.empty((n + 255) // 256 * 256, device=x.device)\n"
+          "return self.ext.relu_cuda(x, out.to(device=x.device, dtype=x.dtype))"),
+    model("return x", prelude="import os\nHERE = os.path.dirname(os.path.abspath(__file__))\n"
+                              "torch.backends.cuda.matmul.allow_tf32 = False"),
+    model("try:\n    y = self.ext.relu_cuda(x, torch.empty_like(x))\nfinally:\n    pass\nreturn y"),  # no except
+    model("return self.net(x)", init="self.net = nn.Sequential(Blk(), Blk())", prelude='''
+        class Blk(nn.Module):
+            def forward(self, x):
+                return relu_ext.relu_cuda(x, torch.empty_like(x))
+        '''),
+    HONEST.replace("    relu_kernel<<<", "    launch(stream);\n    relu_kernel<<<").replace(
+        "torch::Tensor relu_cuda(torch::Tensor x, torch::Tensor y) {",
+        "void launch(cudaStream_t s) { relu_kernel<<<1, 1, 0, s>>>(nullptr, nullptr, 0); }\n"
+        "torch::Tensor relu_cuda(torch::Tensor x, torch::Tensor y) {"),  # a stream parameter
     model("return self.ext.relu_cuda(x, torch.zeros_like(x))", init="self.block = Block()", prelude='''
         class Block(nn.Module):
             def forward(self, x):
