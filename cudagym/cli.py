@@ -46,6 +46,14 @@ def _default_device() -> str:
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
+def _parallel(args: argparse.Namespace, device: str) -> int:
+    """Judges at once: one per CPU core on a GPU (timing stays exclusive); one on the CPU, where
+    concurrent judges would time each other."""
+    if args.parallel:
+        return args.parallel
+    return min(16, os.cpu_count() or 1) if device.startswith("cuda") else 1
+
+
 def _eval_config(args: argparse.Namespace):
     from cudagym.eval.evaluate import EvalConfig
 
@@ -143,7 +151,7 @@ def cmd_eval_run(args) -> int:
     name = args.name or Path(args.submission_dir).resolve().name
     kb_version = None if args.problems else args.kb_version
     with _open_store(args.db) as store:
-        verdicts = run_submission(args.submission_dir, tasks, store, name, config, parallel=args.parallel,
+        verdicts = run_submission(args.submission_dir, tasks, store, name, config, parallel=_parallel(args, config.device),
                                   levels=args.levels if not args.problems else sorted({t.level for t in tasks}),
                                   kb_version=kb_version)
     rows = [v.to_dict() for v in verdicts]
@@ -164,7 +172,7 @@ def cmd_baseline_run(args) -> int:
     config = _eval_config(args)
     tasks = _tasks(args)
     with _open_store(args.db) as store:
-        results = run_baselines(tasks, store, config, parallel=args.parallel)
+        results = run_baselines(tasks, store, config, parallel=_parallel(args, config.device))
     rows = [{"id": t.id, "name": t.name, **{k: results[t.id].get(k) for k in ("t_eager_ms", "t_compile_ms", "reason")}}
             for t in tasks]
     if args.json:
@@ -177,7 +185,8 @@ def cmd_baseline_run(args) -> int:
 def cmd_audit(args) -> int:
     from cudagym.eval.batch import run_audit
 
-    rows = run_audit(_tasks(args), _eval_config(args), parallel=args.parallel)
+    config = _eval_config(args)
+    rows = run_audit(_tasks(args), config, parallel=_parallel(args, config.device))
     if args.json:
         print(json.dumps(rows))
     else:
@@ -271,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", default=DEFAULT_DB)
     run.add_argument("--name")
     run.add_argument("--json", action="store_true", help="print the verdicts as JSONL")
-    run.add_argument("--parallel", type=int, default=1, help="judges at once (GPU timing stays exclusive)")
+    run.add_argument("--parallel", type=int, default=None,
+                     help="judges at once (default: one per core on a GPU, where timing stays exclusive; 1 on CPU)")
     _add_selection(run)
     _add_eval_options(run)
     run.set_defaults(func=cmd_eval_run)
@@ -281,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     blr = bl.add_parser("run", help="time and cache the baselines")
     blr.add_argument("--db", default=DEFAULT_DB)
     blr.add_argument("--json", action="store_true")
-    blr.add_argument("--parallel", type=int, default=1)
+    blr.add_argument("--parallel", type=int, default=None)
     _add_selection(blr)
     _add_eval_options(blr)
     blr.set_defaults(func=cmd_baseline_run)
@@ -289,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("audit", help="degenerate-answer probes").add_subparsers(dest="sub", required=True, parser_class=_Parser)
     auk = au.add_parser("kernelbench", help="which problems accept zeros / constant / passthrough / ...")
     auk.add_argument("--json", action="store_true")
-    auk.add_argument("--parallel", type=int, default=1)
+    auk.add_argument("--parallel", type=int, default=None)
     _add_selection(auk)
     _add_eval_options(auk)
     auk.set_defaults(func=cmd_audit)

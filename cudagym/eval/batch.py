@@ -59,7 +59,10 @@ def submission_files(submission_dir: str | Path) -> dict[tuple[int, int], Path]:
     return files
 
 
-def _gpu_lock_path(config: EvalConfig) -> EvalConfig:
+def _batch_config(config: EvalConfig, parallel: int) -> EvalConfig:
+    """Judges side by side: share the GPU through a lock file, and the CPU cores between them."""
+    if parallel > 1 and not config.compile_threads:
+        config = replace(config, compile_threads=max(1, (os.cpu_count() or 1) // parallel))
     if config.device.startswith("cuda") and not config.lock_path:
         config = replace(config, lock_path=os.path.join(tempfile.gettempdir(), f"cudagym-gpu-{config.device}.lock"))
     if config.lock_path:
@@ -85,7 +88,7 @@ def _run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int,
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,
                    parallel: int = 1, levels: list[int] | None = None, kb_version: str | None = None) -> list[Verdict]:
     """Evaluate every task against the submission's file for it; missing files count as failed."""
-    config = _gpu_lock_path(config)
+    config = _batch_config(config, parallel)
     files = submission_files(submission_dir)
     store.add_submission(name, str(submission_dir), config.timing_mode, levels=levels, kb_version=kb_version)
     done = store.done_keys(name)
@@ -116,7 +119,7 @@ def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, 
 
 def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1) -> dict[str, dict]:
     """Time eager and torch.compile for every task not cached yet; returns {task.id: record}."""
-    config = _gpu_lock_path(config)
+    config = _batch_config(config, parallel)
     env = machine_env(config.device)
     todo = [t for t in tasks if store.get_baseline(baseline_key(t, env, config.timing_mode)) is None]
     results: dict[str, dict] = {}
@@ -135,7 +138,7 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
 def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1) -> list[dict]:
     """For every task, the degenerate probes its correctness check accepts (contract: `audit kernelbench`)."""
-    config = _gpu_lock_path(config)
+    config = _batch_config(config, parallel)
     rows: dict[str, dict] = {}
 
     def record(task: Task, result: dict) -> None:

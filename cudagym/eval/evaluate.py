@@ -44,6 +44,7 @@ class EvalConfig:
     build_timeout_s: float = 900.0  # import of the candidate, its extension build included
     memory_limit_gb: float = 32.0
     lock_path: str | None = None  # GPU readers-writer lock shared by concurrent judges
+    compile_threads: int | None = None  # inductor compile workers per judge (1 when judges run in parallel)
     seed: int | None = None  # None: a fresh secret per run (tests may fix it)
     min_reps: int = 10
     max_reps: int = 100
@@ -74,7 +75,7 @@ def _init_arity(tree: ast.Module, class_name: str) -> tuple[int, int, bool] | No
                     params = args.posonlyargs + args.args
                     total = len(params) - 1  # self
                     return total - len(args.defaults), total, args.vararg is not None
-            return 0, 0, False  # inherits __init__: accepts what its base accepts; no verdict here
+            return 0, 0, True  # inherits __init__: accepts what its base accepts (as if *args); no verdict here
     return None
 
 
@@ -87,10 +88,11 @@ def validate_candidate(ref_code: str, candidate_code: str) -> None:
     arity = _init_arity(tree, "ModelNew")
     if arity is None:
         raise CandidateError("candidate defines no class ModelNew")
-    ref_arity = _init_arity(ast.parse(ref_code), "Model")
+    ref_required, ref_total, ref_varargs = _init_arity(ast.parse(ref_code), "Model") or (0, 0, True)
     required, total, varargs = arity
-    if ref_arity and ref_arity[1] and not varargs and (ref_arity[1] > total or ref_arity[1] < required) and total:
-        raise CandidateError(f"ModelNew.__init__ takes {required}..{total} arguments but Model's takes {ref_arity[1]}")
+    # An explicit zero-argument __init__ on either side is a real signature, not "unknown".
+    if not (varargs or ref_varargs) and (required > ref_total or total < ref_required or (total and ref_total > total)):
+        raise CandidateError(f"ModelNew.__init__ takes {required}..{total} arguments but Model's takes {ref_total}")
 
 
 def static_flags(ref_code: str, candidate_code: str, policy: str) -> list[str]:
@@ -113,8 +115,17 @@ def _cache_dirs() -> list[str]:
     return dirs
 
 
-def run_judge(request: dict, timeout_s: float) -> dict:
+def run_judge(request: dict, config: EvalConfig) -> dict:
+    """Run a judge; if it ran out of GPU memory beside other judges, run it again holding the GPU alone."""
+    result = _run_judge_once(request, config)
+    if config.lock_path and "out of memory" in str(result.get("reason", "")).lower():
+        result = _run_judge_once(dict(request, exclusive=True), config)
+    return result
+
+
+def _run_judge_once(request: dict, config: EvalConfig) -> dict:
     """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
+    timeout_s = config.judge_timeout_s
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
     request = dict(request, workdir=workdir, writable=_cache_dirs())
     request_path = os.path.join(workdir, "request.json")
@@ -122,6 +133,10 @@ def run_judge(request: dict, timeout_s: float) -> dict:
         json.dump(request, f)
     log_path = os.path.join(workdir, "judge.log")
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    if config.device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"  # judge and runner alternate on the CPU; spinning thread pools would time each other
+    if config.compile_threads:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(config.compile_threads)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     try:
         with open(log_path, "wb") as log:
@@ -168,7 +183,7 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
                "seed": config.seed, "min_reps": config.min_reps, "max_reps": config.max_reps,
                "max_timing_s": config.max_timing_s, "compile_baseline": config.time_candidate and config.compile_baseline
                and t_compile_ms is None}
-    result = run_judge(request, config.judge_timeout_s)
+    result = run_judge(request, config)
     return verdict_from_result(result, verdict, t_compile_ms)
 
 
@@ -196,4 +211,4 @@ def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baselin
                "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
                "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,
                "call_timeout_s": config.timeout_s}
-    return run_judge(request, config.judge_timeout_s)
+    return run_judge(request, config)

@@ -26,6 +26,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -42,6 +43,7 @@ from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
 TIMED_OUTPUT_CHECK_P = 0.2  # fraction of timed calls whose output is re-checked (plus the first and last)
 TIMING_INPUT_BUDGET_BYTES = 4 * 2**30  # rotated timing input sets share this much memory
 FP64_LIMIT_BYTES = 2 * 2**30  # skip the float64 reference above this input size
+FP64_CHECKS = 2  # checks that also compare against the float64 reference (it is slow for convolutions)
 
 
 class CandidateFailed(Exception):
@@ -72,6 +74,7 @@ class Request:
     runner_memory_bytes: int = 32 * 2**30
     gpu_memory_fraction: float | None = None
     lock_path: str | None = None
+    exclusive: bool = False  # hold the GPU alone throughout (a retry after running out of memory beside others)
     writable: tuple = ()
     min_reps: int = 10
     max_reps: int = 100
@@ -126,12 +129,11 @@ def run_reference(model, inputs: list) -> list[torch.Tensor]:
         return checks.as_tensor_list(model(*clone_inputs(inputs)))
 
 
-def reference_fp64(model, inputs: list) -> list[torch.Tensor] | None:
+def reference_fp64(model64, inputs: list) -> list[torch.Tensor] | None:
     """The reference in float64, the yardstick for precision; None where it cannot be had."""
     if nbytes(inputs) > FP64_LIMIT_BYTES or not any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in inputs):
         return None
     try:
-        model64 = copy.deepcopy(model).double()
         inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x for x in inputs]
         with torch.no_grad():
             return checks.as_tensor_list(model64(*inputs64))
@@ -139,14 +141,17 @@ def reference_fp64(model, inputs: list) -> list[torch.Tensor] | None:
         return None
 
 
-def task_dtypes(model, ref: types.ModuleType) -> set[str]:
-    """Dtypes the task itself uses (parameters, buffers, inputs built on the meta device)."""
+def task_dtypes(ref: types.ModuleType, init_args: list) -> set[str]:
+    """Dtypes the task itself uses: parameters, buffers and inputs, built on the meta device."""
+    tensors = []
     try:
-        inputs = make_inputs(ref, 0, "meta")
+        with torch.device("meta"):
+            model = ref.Model(*init_args)
+        tensors += list(model.parameters()) + list(model.buffers())
+        tensors += [x for x in make_inputs(ref, 0, "meta") if isinstance(x, torch.Tensor)]
     except Exception:
-        inputs = []
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(model.parameters()) + list(model.buffers())
-    return {str(t.dtype).replace("torch.", "") for t in tensors}
+        pass
+    return {str(t.dtype).replace("torch.", "") for t in tensors} | {"float32"}
 
 
 # -- the runner connection --------------------------------------------------------------------------
@@ -247,8 +252,18 @@ class Evaluation:
         self.ref = load_reference(req.ref_code)
         self.init_args = list(self.ref.get_init_inputs())
         self.init_seed = self.rng.getrandbits(63)
+        self.model = None
+        self._model64 = None
+
+    def build_model(self) -> None:
+        """Model with weights from the secret seed, on the device (under the GPU lock)."""
         torch.manual_seed(self.init_seed)
-        self.model = self.ref.Model(*self.init_args).to(req.device)
+        self.model = self.ref.Model(*self.init_args).to(self.req.device)
+
+    def model64(self):
+        if self._model64 is None:
+            self._model64 = copy.deepcopy(self.model).double()
+        return self._model64
 
     def new_seed(self) -> int:
         return self.rng.getrandbits(63)
@@ -286,7 +301,7 @@ class Evaluation:
             if accepted:
                 self.info.setdefault("degenerate_probes", sorted(set(accepted)))
                 self.check_degenerate(runner, inputs, ref, outs, accepted, i)
-            ref64 = reference_fp64(self.model, inputs)
+            ref64 = reference_fp64(self.model64(), inputs) if i < FP64_CHECKS else None
             if ref64 is not None:
                 err, err_ref = checks.precision_error(outs, ref, ref64)
                 self.info["max_rel_err_fp64"] = max(err, self.info.get("max_rel_err_fp64", 0.0))
@@ -433,27 +448,34 @@ def evaluate(req: Request) -> dict:
         torch.cuda.set_device(req.device)
     result: dict = {"env": environment(req.device), "timing_mode": req.timing_mode}
     if req.mode == "baseline":
-        with gpu_lock(req.lock_path, exclusive=False):
-            ev = Evaluation(req)
+        ev = Evaluation(req)
+        with gpu_lock(req.lock_path, exclusive=req.exclusive):
+            ev.build_model()
             sets, _ = ev.timing_sets()
             compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device) if req.compile_baseline else (None, None)
         with gpu_lock(req.lock_path, exclusive=True):
             result.update(time_reference(ev.model, compiled, sets, req.device, req.timing_mode, req))
         return result
     if req.mode == "audit":
-        with gpu_lock(req.lock_path, exclusive=False):
+        with gpu_lock(req.lock_path, exclusive=req.exclusive):
             return {**result, **audit(req)}
+    runner = RunnerProcess(req)  # starts importing torch while the reference loads
     ev = Evaluation(req)
-    runner = RunnerProcess(req)
+    phase_s, t0 = {}, time.perf_counter()
     try:
-        with gpu_lock(req.lock_path, exclusive=False):
-            reply = runner.request(req.init_timeout_s, op="init", code=req.candidate_code, device=req.device,
-                                   init_args=ev.init_args, state_dict=ev.model.state_dict(), init_seed=ev.init_seed,
-                                   policy=req.policy, task_dtypes=sorted(task_dtypes(ev.model, ev.ref)),
-                                   gpu_memory_fraction=req.gpu_memory_fraction)
-            result["env"]["sandbox"] = reply.get("sandbox")
+        # Importing the candidate builds its extension: CPU work, outside the GPU lock.
+        reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, device=req.device,
+                               policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)))
+        result["env"]["sandbox"] = reply.get("sandbox")
+        ev.add_flags(reply.get("flags"))
+        phase_s["load"], t0 = time.perf_counter() - t0, time.perf_counter()
+        with gpu_lock(req.lock_path, exclusive=req.exclusive):
+            ev.build_model()
+            reply = runner.request(req.call_timeout_s, op="init", init_args=ev.init_args, state_dict=ev.model.state_dict(),
+                                   init_seed=ev.init_seed, gpu_memory_fraction=req.gpu_memory_fraction)
             ev.add_flags(reply.get("flags"))
             ev.check(runner)
+            phase_s["check"], t0 = time.perf_counter() - t0, time.perf_counter()
             if ev.flags:
                 raise CandidateFailed("rejected", "hack checks fired: " + ", ".join(sorted(ev.flags)))
             sets, refs = ev.timing_sets() if req.time_candidate else (None, None)
@@ -461,12 +483,14 @@ def evaluate(req: Request) -> dict:
             if req.time_candidate and req.compile_baseline:
                 compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device)
         if req.time_candidate:
+            t0 = time.perf_counter()
             with gpu_lock(req.lock_path, exclusive=True):
                 result.update(ev.time_candidate(runner, sets, refs))
                 ev.add_flags(runner.request(req.call_timeout_s, op="integrity").get("flags"))
                 if compiled is not None:
                     baseline = time_reference(ev.model, compiled, sets, req.device, req.timing_mode, req)
                     result.update(t_compile_ms=baseline.get("t_compile_ms"), compile=baseline.get("compile"))
+            phase_s["time"] = time.perf_counter() - t0
             if ev.flags:
                 raise CandidateFailed("rejected", "hack checks fired: " + ", ".join(sorted(ev.flags)))
         result.update(status="pass")
@@ -480,13 +504,14 @@ def evaluate(req: Request) -> dict:
         runner.close()
     result["flags"] = sorted(ev.flags)
     result["flag_details"] = ev.flags
-    result["info"] = ev.info
+    result["info"] = dict(ev.info, phase_s={k: round(v, 2) for k, v in phase_s.items()})
     return result
 
 
 def audit(req: Request) -> dict:
     """Which degenerate probes this problem's check accepts, on every one of n_checks (>= 2) input sets."""
     ev = Evaluation(req)
+    ev.build_model()
     accepted_all, other_ref = set(checks.PROBES), None
     for _ in range(max(2, req.n_checks)):
         inputs = make_inputs(ev.ref, ev.new_seed(), req.device)
@@ -507,7 +532,7 @@ def main(argv: list[str]) -> int:
         req = Request(**json.load(f))
     result_path = os.path.join(req.workdir, "result.json")
     sandbox = isolate(req.workdir, list(req.writable)) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
-    os.environ["TMPDIR"] = req.workdir
+    os.environ["TMPDIR"] = tempfile.tempdir = req.workdir  # the only writable place besides the build caches
     try:
         result = evaluate(req)
         result.setdefault("env", {})["judge_sandbox"] = sandbox

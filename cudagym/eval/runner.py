@@ -15,6 +15,7 @@ import json
 import os
 import pickle
 import sys
+import tempfile
 import traceback
 
 
@@ -53,8 +54,8 @@ class Runner:
                            trace=traceback.format_exc()[-2000:])
 
     # -- requests ---------------------------------------------------------------------------------
-    def op_init(self, code: str, device: str, init_args: list, state_dict: dict, init_seed: int,
-                policy: str, task_dtypes: list[str], gpu_memory_fraction: float | None = None) -> None:
+    def op_load(self, code: str, device: str, policy: str, task_dtypes: list[str]) -> None:
+        """Import the candidate (this builds its extension), after snapshotting everything it could tamper with."""
         import torch
 
         # Imported before the candidate, so the snapshot covers every harness function it could replace.
@@ -67,8 +68,6 @@ class Runner:
         set_fp32_precision()
         if device.startswith("cuda"):
             torch.cuda.set_device(device)
-            if gpu_memory_fraction:
-                torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction)
         warm_up(device)
         self.timer = Timer(device)
         self.snapshot = Snapshot.take()
@@ -85,19 +84,27 @@ class Runner:
             spec.loader.exec_module(module)
         except BaseException as exc:  # build failures, syntax errors, SystemExit from a build tool
             return self.reply(ok=False, status="compile_error", reason=_one_line(exc))
-        model_cls = getattr(module, "ModelNew", None)
-        if not isinstance(model_cls, type):
+        self.model_cls = getattr(module, "ModelNew", None)
+        if not isinstance(self.model_cls, type):
             return self.reply(ok=False, status="compile_error", reason="candidate defines no class ModelNew")
+        self.reply(ok=True, flags=self.snapshot.changes(), sandbox=self.sandbox)
+
+    def op_init(self, init_args: list, state_dict: dict, init_seed: int, gpu_memory_fraction: float | None = None) -> None:
+        """Construct ModelNew with the reference's weights (and the same seed, for KernelBench-style candidates)."""
+        import torch
+
+        if gpu_memory_fraction and self.device.startswith("cuda"):
+            torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction)
         torch.manual_seed(init_seed)
-        model = model_cls(*init_args)
+        model = self.model_cls(*init_args)
         if isinstance(model, torch.nn.Module):
-            model = model.to(device)
+            model = model.to(self.device)
             own = model.state_dict()
             matching = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
             if matching:
                 model.load_state_dict(matching, strict=False)
         self.model = model
-        self.reply(ok=True, flags=self.snapshot.changes(), sandbox=self.sandbox, loaded_keys=len(state_dict))
+        self.reply(ok=True, flags=self.snapshot.changes(), loaded_keys=len(state_dict))
 
     def op_call(self, inputs: list, buffers: list | None, guard: bool) -> None:
         import torch
@@ -106,18 +113,20 @@ class Runner:
 
         record = OpRecord()
         with torch.no_grad():
-            if guard:
+            if guard:  # on the judge's shared copy: the judge sees any write to it
                 with make_guard(record):
                     out = self.model(*inputs)
-            else:
-                out = self.model(*inputs)
+            else:  # on private memory, like timed calls
+                out = self.model(*_private(inputs))
             self.timer.sync()
         flags = self.snapshot.changes()
         flags.update(record.violations(self.policy, self.task_dtypes))
         self._send_outputs(out, buffers, flags, ops=sorted(record.python_calls | record.cpp_aten)[:50])
 
     def op_set_timing_inputs(self, sets: list[list]) -> None:
-        self.timing_sets = sets
+        # Private copies: memory this process allocated, as the judge's eager reference uses its own
+        # (inputs mapped from another process can run measurably slower).
+        self.timing_sets = [_private(s) for s in sets]
         self.reply(ok=True)
 
     def op_rep(self, index: int) -> None:
@@ -177,6 +186,10 @@ class Runner:
         self.reply(ok=True, flags=flags, ops=ops)
 
 
+def _private(inputs: list) -> list:
+    return [x.clone() if hasattr(x, "clone") else x for x in inputs]
+
+
 def set_fp32_precision() -> None:
     """TF32 and reduced-precision reductions off: fp32 means fp32 for reference, baselines and candidate."""
     import torch
@@ -214,7 +227,7 @@ def main(argv: list[str]) -> int:
     fd, workdir, writable = int(argv[1]), argv[2], argv[3:]
     sandbox = isolate(workdir, writable) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
     os.chdir(workdir)
-    os.environ["TMPDIR"] = workdir
+    os.environ["TMPDIR"] = tempfile.tempdir = workdir
     Runner(Connection(fd), sandbox).serve()
     return 0
 

@@ -9,29 +9,32 @@ that follows aliases: `import torch as T`, `from torch.nn import functional as F
 cpp_extension loader (following variables, joining concatenations and f-string pieces) plus any
 string literal that looks like C++, with comments stripped.
 
-Flag names are stable; they appear in verdicts' `flags`:
+Flag names are stable; they appear in verdicts' `flags`. POLICIES["strict"] runs all of them,
+POLICIES["permissive"] all but torch_compute_in_forward.
 
-    inherits_model            ModelNew derives from / uses the reference Model
-    torch_compute_in_forward  forward computes with torch, ATen, Tensor methods, `@`, or nn submodules  (strict only)
+    inherits_model            ModelNew derives from, instantiates or imports the reference Model
+    torch_compute_in_forward  forward (and what it calls) computes with torch / F / aten / Tensor methods,
+                              `@`, arithmetic on its tensor arguments, dtype casts, nn submodules
     try_except_fallback       try/except or contextlib.suppress (fall back to torch when the kernel fails)
-    threading                 threads, processes, asyncio, subprocess, signals
+    threading                 threads, processes, asyncio, subprocess, signals (std::thread in C++)
     introspection             frames, gc, inspect, globals()/locals(), sys.modules, __builtins__
-    monkeypatch               rebinding library attributes, setattr on modules, aten overrides
-    timing_access             timers, CUDA events, synchronize, profiler, memory stats
-    file_io                   open, os file ops, shutil, sys.path, torch.save/load, importlib.reload
+    monkeypatch               assigning/setattr on library modules and classes, builtins, aten overrides
+    timing_access             timers, CUDA events, synchronize, profiler, memory stats (cudaEvent*, clock64)
+    file_io                   open, os file ops, shutil, sys.path, torch.save/load, importlib.reload, fopen
     ctypes                    ctypes, cffi, torch.cuda.cudart, dlopen
     network                   socket, urllib, requests, http
-    nondefault_stream         side streams in Python or CUDA, launches on a non-current stream
+    nondefault_stream         side streams in Python or CUDA, launches on a stream that is not the current one
     l2_persistence            persisting-L2 access policy windows
-    precision_downcast        fp16/bf16/tf32 in an fp32 task (skipped when the task itself uses them)
-    cached_result             results kept across calls (state written in forward, tested, returned; lru_cache)
+    precision_downcast        fp16/bf16/tf32 in an fp32 task (skipped when the task's own dtypes are half)
+    cached_result             results kept across calls (forward returns state from behind a test on it;
+                              lru_cache)
     lazy_tensor               Tensor subclasses, __torch_function__/__torch_dispatch__, as_subclass
-    dynamic_code              exec/eval/compile, computed imports, decoded payloads
+    dynamic_code              exec/eval/compile, computed imports and getattr names, decoded payloads
 
 Known limits (the runtime guard covers them): names are resolved file-wide, not per scope (a name
-bound to several things resolves to all of them, so checks err towards firing); arithmetic
-operators other than `@` are not flagged (ints and tensors look alike); ATen calls inside C++
-(`at::matmul`) are not flagged here.
+bound to several things resolves to all of them, so checks err towards firing); what a function of
+the file returns is not followed (`self.f = make_op()`); arithmetic on locals is not flagged
+(`(n + 255) // 256` and `y * 2` on a local tensor look alike); ATen calls inside C++ (`at::matmul`) are not flagged.
 """
 
 from __future__ import annotations
@@ -40,11 +43,11 @@ import builtins
 import fnmatch
 import functools
 import re
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 Check = Callable[[cst.Module, str, list[str]], list[str]]
 CHECKS: dict[str, Check] = {}
@@ -97,15 +100,23 @@ subtract sum tan tanh tensordot tile topk trace tril triu true_divide trunc uniq
 half bfloat16 double float int long short bool byte char
 """.split())  # the last line: dtype casts launch a conversion kernel too
 
-TORCH_COMPUTE_NAMESPACES = ("torch.nn.functional", "torch.functional", "torch.special", "torch.linalg", "torch.fft", "torch.sparse",
-                            "torch.nested", "torch._C._nn", "torch._C._VariableFunctions", "torch._C._special",
-                            "torch._C._linalg", "torch._C._fft")
+TORCH_COMPUTE_NAMESPACES = ("torch.nn.functional", "torch.functional", "torch.special", "torch.linalg", "torch.fft",
+                            "torch.sparse", "torch.nested", "torch._C._nn", "torch._C._VariableFunctions",
+                            "torch._C._special", "torch._C._linalg", "torch._C._fft")
 NN_NOT_COMPUTE = {"Module", "Parameter", "Buffer", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
                   "Sequential", "Identity"}  # containers: calling one runs its children, which are resolved
 NN_CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
 TORCH_DTYPES = {"float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8", "int16",
                 "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128", "float8_e4m3fn",
                 "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"}
+TORCH_NON_CALLABLES = TORCH_DTYPES | {
+    "cuda", "nn", "ops", "utils", "backends", "autograd", "jit", "distributed", "library", "fx", "cpu", "mps", "xpu",
+    "version", "testing", "profiler", "amp", "overrides", "onnx", "export", "compiler", "hub", "ao", "func", "random",
+    "multiprocessing", "types", "storage", "futures", "package", "special", "linalg", "fft", "sparse", "nested",
+    "functional", "inf", "nan", "pi", "e", "newaxis", "strided", "sparse_coo", "sparse_csr", "jagged",
+    "contiguous_format", "channels_last", "channels_last_3d", "preserve_format", "cfloat", "cdouble", "complex32",
+    "uint16", "uint32", "uint64", "qint8", "quint8", "qint32"}
+INT_DTYPES = {"int8", "uint8", "int16", "short", "int32", "int", "int64", "long", "uint16", "uint32", "uint64"}
 LOW_PRECISION_DTYPES = {"float16", "half", "bfloat16"}
 CANONICAL_DTYPE = {"half": "float16", "float": "float32", "double": "float64", "short": "int16", "int": "int32",
                    "long": "int64"}
@@ -125,7 +136,8 @@ EXTENSION_LOADERS = {"torch.utils.cpp_extension.load_inline", "torch.utils.cpp_e
 
 THREADING = ("threading", "_thread", "multiprocessing", "torch.multiprocessing", "concurrent.futures", "asyncio",
              "subprocess", "signal", "os.fork", "os.forkpty", "os.system", "os.popen", "os.spawn*", "os.exec*",
-             "os.posix_spawn*", "os.register_at_fork", "os.kill")
+             "os.posix_spawn*", "os.register_at_fork", "os.kill", "os._exit", "os.abort", "sys.exit", "builtins.exit",
+             "builtins.quit", "builtins.SystemExit", "builtins.KeyboardInterrupt")  # ...and ending the process
 INTROSPECTION = ("gc", "inspect", "traceback", "sys._getframe", "sys._current_frames", "sys.settrace",
                  "sys.setprofile", "sys.gettrace", "sys.getprofile", "sys.modules", "sys.exc_info",
                  "builtins.globals", "builtins.locals", "ctypes.pythonapi")
@@ -193,6 +205,8 @@ THREADING_CUDA = (r"\bstd::thread\b", r"\bstd::async\b", r"\bpthread_create\b", 
 FILE_IO_CUDA = (r"\bfopen\b", r"\bstd::[io]?fstream\b", r"\bfreopen\b")
 CTYPES_CUDA = (r"\bdlopen\b", r"\bdlsym\b", r"<dlfcn\.h>")
 NETWORK_CUDA = (r"<sys/socket\.h>", r"<netinet/", r"<arpa/inet\.h>", r"\bcurl_easy_\w+")
+CACHE_CUDA = (r"\bstatic\s+std::(unordered_)?map\s*<[^;]*\b(torch|at)::Tensor",
+              r"\bstatic\s+(torch|at)::Tensor\b")  # tensors kept across calls in host code
 MONKEYPATCH_CUDA = (r"\bTORCH_LIBRARY_(IMPL|FRAGMENT)\s*\(\s*aten\b",)
 
 C_LIKE = re.compile(r"__global__|__device__|#include|<<<|torch::Tensor|at::Tensor|PYBIND11_MODULE|TORCH_LIBRARY")
@@ -267,8 +281,13 @@ def reference_dtypes(source: str) -> set[str]:
 def inherits_model(module: cst.Module, source: str, cuda_sources: list[str]) -> list[str]:
     """ModelNew reusing the reference Model: its forward is the reference's torch computation."""
     index = _index(module)
-    out = [f"{cls.name.value} derives from {_code(base.value)}" for cls in index.chain("ModelNew")
+    chain = index.chain("ModelNew")
+    out = [f"{cls.name.value} derives from {_code(base.value)}" for cls in chain
            for base in cls.bases if _dotted(base.value) and _dotted(base.value).split(".")[-1] == "Model"]
+    if "ModelNew" in index.values and "ModelNew" not in index.classes:  # `ModelNew = _Ref` / `type(...)`
+        out.append("ModelNew is bound to another class, not defined by a class statement")
+    out += [f"line {index.line(n)}: ModelNew uses Model" for cls in chain for n in index.inside(cls.body, cst.Name)
+            if n.value == "Model"]
     for node, names in index.refs:
         outside = isinstance(node, cst.Name) and node.value == "Model" and "Model" not in index.classes
         imported = any(q.split(".")[-1] == "Model" and not q.startswith(("<file>", "torch")) for q in names)
@@ -284,12 +303,14 @@ def torch_compute_in_forward(module: cst.Module, source: str, cuda_sources: list
     out = [f"ModelNew inherits forward from {q}" for q in index.external_bases("ModelNew")
            if _nn_class(q) and not index.method(index.chain("ModelNew"), "forward")]
     for fn, owner in index.forward_closure:
-        nodes = m.findall(fn, m.Call() | m.BinaryOperation(operator=m.MatrixMultiply())
-                          | m.AugAssign(operator=m.MatrixMultiplyAssign()))
+        nodes = [n for n in index.inside(fn, cst.Call, cst.BinaryOperation, cst.AugAssign)
+                 if isinstance(n, cst.Call) or isinstance(n.operator, (cst.MatrixMultiply, cst.MatrixMultiplyAssign))]
         for node in nodes:
             why = "@ operator" if not isinstance(node, cst.Call) else _torch_call(index, node, owner)
             if why:
                 out.append(f"line {index.line(node)}: {why}")
+        for node in index.inside(fn, cst.Name, cst.Attribute):  # passed, not called: `reduce(operator.matmul, ...)`
+            out += [f"line {index.line(node)}: {q}" for q in index.ref_map.get(node, ()) if _names_torch_op(q)]
     forward = index.method(index.chain("ModelNew"), "forward")
     if forward:
         out += [f"line {index.line(node)}: {_code(node)}" for node in _tensor_arithmetic(index, forward)]
@@ -306,7 +327,7 @@ def try_except_fallback(module: cst.Module, source: str, cuda_sources: list[str]
 
 @check("threading")
 def threading(module: cst.Module, source: str, cuda_sources: list[str]) -> list[str]:
-    """Threads or processes that keep working (or wait) outside the timed region."""
+    """Threads or processes that keep working (or wait) outside the timed region, or end the worker early."""
     return _uses(_index(module), THREADING) + _cuda(cuda_sources, THREADING_CUDA)
 
 
@@ -333,7 +354,7 @@ def monkeypatch(module: cst.Module, source: str, cuda_sources: list[str]) -> lis
     out += [f"line {index.line(t)}: sets .{t.attr.value}" for t in index.targets
             if isinstance(t, cst.Attribute) and t.attr.value in {"__dict__", "__code__", "__defaults__"}]
     for call in index.calls_to("torch.library.*"):
-        if any((_literal(a.value) or "").startswith("aten") for a in call.args):
+        if any((_literal(a.value, index.values) or "").startswith("aten") for a in call.args):
             out.append(f"line {index.line(call)}: overrides aten ops")
     return out + _uses(index, MONKEYPATCH) + _cuda(cuda_sources, MONKEYPATCH_CUDA)
 
@@ -391,8 +412,11 @@ def precision_downcast(module: cst.Module, source: str, cuda_sources: list[str])
     out += [f"line {index.line(c)}: .{c.func.attr.value}()" for c in index.method_calls({"half", "bfloat16"})]
     out += [f"line {index.line(node)}: sets {q}" for node, q, value in index.library_writes
             if _matches(q, TF32_SWITCHES) and not _precise_setting(value)]
+    out += [f"line {index.line(c)}: {_code(c)} reinterprets float bits" for c in index.method_calls({"view"})
+            if any(q.startswith("torch.") and q.rsplit(".", 1)[-1] in INT_DTYPES for a in c.args
+                   for q in index.resolve(a.value))]  # mantissa masking: bf16 without a half type
     out += [f"line {index.line(c)}: {_code(c)}" for c in index.calls_to("torch.set_float32_matmul_precision")
-            if not (c.args and _literal(c.args[0].value) == "highest")]
+            if not (c.args and _literal(c.args[0].value, index.values) == "highest")]
     return out + _cuda(cuda_sources, PRECISION_CUDA)
 
 
@@ -403,7 +427,8 @@ def cached_result(module: cst.Module, source: str, cuda_sources: list[str]) -> l
     out = [f"line {index.line(node)}: {q}" for node, names in index.refs for q in names
            if _matches(q, MEMO_DECORATORS)]
     cached = _memoised_state(index)
-    return out + ([f"forward tests and returns state it wrote: {', '.join(sorted(cached))}"] if cached else [])
+    out += [f"forward tests and returns state it wrote: {', '.join(sorted(cached))}"] if cached else []
+    return out + _cuda(cuda_sources, CACHE_CUDA)
 
 
 @check("lazy_tensor")
@@ -453,16 +478,16 @@ class _Index:
 
     def __init__(self, module: cst.Module):
         self.module = module
-        self._positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-        nodes = _NodeCollector()
-        module.visit(nodes)
-        self._nodes, self._strings = nodes.nodes, nodes.strings
         sites = _BindingSites()
         module.visit(sites)
+        self._nodes, self._strings = sites.nodes, sites.strings
         self.classes, self.functions, self.targets = sites.classes, sites.functions, sites.targets
+        self.lambdas = {node: f"<lambda{i}>" for i, node in enumerate(self.of(cst.Lambda))}
+        self.functions.update({name: node for node, name in self.lambdas.items()})  # `self.f = lambda t: ...`
         self.params, self.star_modules, self.values = sites.params, sites.star_modules, sites.values
         self.bindings: dict[str, set[str]] = {k: set(v) for k, v in sites.fixed.items()}
-        self._memo: dict[int, frozenset[str]] | None = None
+        self._memo: dict[cst.CSTNode, frozenset[str]] | None = None  # off while bindings still change
+        self._inside: dict[cst.CSTNode, list[cst.CSTNode]] = {}
         for _ in range(4):  # aliases of aliases; capped, since `x = x.y` grows without end
             changed = False
             for key, value in sites.pairs:
@@ -481,12 +506,16 @@ class _Index:
     def line(self, node: cst.CSTNode) -> int:
         return self._positions[node].start.line if node in self._positions else 0
 
+    @functools.cached_property
+    def _positions(self) -> Mapping[cst.CSTNode, CodeRange]:
+        return MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)  # only when flagging
+
     def resolve(self, expr: cst.CSTNode) -> frozenset[str]:
-        if self._memo is not None and id(expr) in self._memo:
-            return self._memo[id(expr)]
+        if self._memo is not None and expr in self._memo:
+            return self._memo[expr]
         names = frozenset(self._resolve(expr))
         if self._memo is not None:
-            self._memo[id(expr)] = names
+            self._memo[expr] = names
         return names
 
     def _resolve(self, expr: cst.CSTNode) -> set[str]:
@@ -510,13 +539,16 @@ class _Index:
             return self._resolve_call(expr)
         if isinstance(expr, cst.Subscript):
             names = set(self.resolve(expr.value))
-            key = _literal(expr.slice[0].slice.value) if isinstance(expr.slice[0].slice, cst.Index) else None
+            sub = expr.slice[0].slice
+            key = _literal(sub.value, self.values) if isinstance(sub, cst.Index) else None
             for q in list(names):
                 if q == "sys.modules" and key:
                     names.add(key)
                 elif q.endswith(".__dict__") and key:
                     names.add(f"{q[:-len('.__dict__')]}.{key}")
             return names
+        if isinstance(expr, cst.Lambda):
+            return {f"<file>.{self.lambdas[expr]}"}
         if isinstance(expr, cst.IfExp):
             return self.resolve(expr.body) | self.resolve(expr.orelse)
         if isinstance(expr, cst.BooleanOperation):
@@ -525,6 +557,8 @@ class _Index:
             return set().union(*(self.resolve(e.value) for e in expr.elements))
         if isinstance(expr, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
             return set(self.resolve(expr.elt))
+        if isinstance(expr, cst.DictComp):
+            return set(self.resolve(expr.value))
         if isinstance(expr, cst.Dict):
             return set().union(*(self.resolve(e.value) for e in expr.elements if isinstance(e, cst.DictElement)))
         return set()
@@ -535,12 +569,14 @@ class _Index:
         for q in self.resolve(call.func):
             last = q.rsplit(".", 1)[-1]
             if q == "builtins.getattr" and len(args) >= 2:
-                attr = _literal(args[1].value) or "<dynamic>"
+                attr = _literal(args[1].value, self.values) or "<dynamic>"
                 out |= {f"{base}.{attr}" for base in self.resolve(args[0].value)}
             elif q in ("builtins.__import__", "importlib.import_module") and args:
-                name = _literal(args[0].value)
+                name = _literal(args[0].value, self.values)
                 whole = q == "importlib.import_module" or any(a.keyword and a.keyword.value == "fromlist" for a in args)
                 out.add("<dynamic>" if not name else name if whole else name.split(".")[0])
+            elif q == "functools.partial" and args:
+                out |= self.resolve(args[0].value)
             elif q in EXTENSION_LOADERS:
                 out.add("<extension>")
             elif q in TORCH_WRAPPERS:  # torch.compile(fn): calling the result runs torch
@@ -561,12 +597,22 @@ class _Index:
         """Every node of these types in the file, in source order."""
         return [n for n in self._nodes if isinstance(n, types)]
 
+    def inside(self, node: cst.CSTNode, *types: type) -> list:
+        """`node` and its descendants of these types, in source order (one traversal per node, cached)."""
+        if node not in self._inside:
+            collector = _Descendants()
+            node.visit(collector)
+            self._inside[node] = collector.nodes
+        return [n for n in self._inside[node] if isinstance(n, types)]
+
     def method_calls(self, names: set[str]) -> list[cst.Call]:
         return [c for c in self.of(cst.Call) if isinstance(c.func, cst.Attribute) and c.func.attr.value in names]
 
     def chain(self, name: str) -> list[cst.ClassDef]:
         """Class `name` and its bases defined in the file, nearest first."""
         out, todo = [], [name]
+        if name not in self.classes:  # `ModelNew = _Impl`
+            todo = [q[len("<file>."):] for q in self.bindings.get(name, ()) if q.startswith("<file>.")]
         while todo:
             cls = self.classes.get(todo.pop(0))
             if cls is None or cls in out:
@@ -588,7 +634,7 @@ class _Index:
         return None
 
     @functools.cached_property
-    def forward_closure(self) -> list[tuple[cst.FunctionDef, str | None]]:
+    def forward_closure(self) -> list[tuple[cst.FunctionDef | cst.Lambda, str | None]]:
         """ModelNew.forward and every function of the file it calls, transitively, with the owning class."""
         start = [(self.method(self.chain("ModelNew"), n), "ModelNew") for n in ("forward", "__call__")]
         todo, seen, out = [(fn, owner) for fn, owner in start if fn], set(), []
@@ -598,7 +644,7 @@ class _Index:
                 continue
             seen.add(fn)
             out.append((fn, owner))
-            for call in m.findall(fn, m.Call()):
+            for call in self.inside(fn, cst.Call):
                 todo += self._callees(call, owner)
         return out
 
@@ -612,6 +658,8 @@ class _Index:
             elif m.matches(func.value, m.Call(func=m.Name("super"))):
                 out.append((self.method(chain[1:], func.attr.value), owner))
         for q in self.resolve(func):
+            if q.removesuffix(".default") in self.custom_ops:  # a custom op whose body is Python in this file
+                out.append((self.custom_ops[q.removesuffix(".default")], None))
             if not q.startswith("<file>."):
                 continue
             head, *rest = q[len("<file>."):].split(".")
@@ -625,6 +673,24 @@ class _Index:
                     wanted = ["forward"] if rest == ["apply"] else rest[:1] or ["__init__"]
                 out += [(self.method(self.chain(name), w), name) for w in wanted]
         return [(fn, o) for fn, o in out if fn is not None]
+
+    @functools.cached_property
+    def ref_map(self) -> dict[cst.CSTNode, frozenset[str]]:
+        return dict(self.refs)
+
+    @functools.cached_property
+    def custom_ops(self) -> dict[str, cst.FunctionDef]:
+        """`torch.ops.ns.name` -> the file's Python function registered for it (torch.library decorators)."""
+        out = {}
+        for fn in self.of(cst.FunctionDef):
+            for dec in fn.decorators:
+                call = dec.decorator
+                if isinstance(call, cst.Call) and call.args and any(
+                        _matches(q, ("torch.library.custom_op", "torch.library.impl", "torch.library.register_kernel"))
+                        for q in self.resolve(call.func)):
+                    name = _literal(call.args[0].value, self.values) or ""
+                    out[f"torch.ops.{name.replace('::', '.')}"] = fn
+        return out
 
     @functools.cached_property
     def library_writes(self) -> list[tuple[cst.CSTNode, str, cst.BaseExpression | None]]:
@@ -642,10 +708,12 @@ class _Index:
                         out.append((t, f"{q}{attr}", values.get(t)))
         for call in self.calls_to("builtins.setattr") + self.calls_to("builtins.delattr"):
             if call.args:
-                attr = _literal(call.args[1].value) if len(call.args) > 1 else None
+                attr = _literal(call.args[1].value, self.values) if len(call.args) > 1 else None
                 value = call.args[2].value if len(call.args) > 2 else None
-                out += [(call, f"{q}.{attr or '<dynamic>'}", value) for q in self.resolve(call.args[0].value)
-                        if _is_library({q})]
+                target = call.args[0].value
+                names = self.resolve(target) or ({"<unknown>"} if not m.matches(target, m.Name("self")) else set())
+                out += [(call, f"{q}.{attr or '<dynamic>'}", value) for q in names
+                        if _is_library({q}) or (attr is None and q == "<unknown>")]  # a computed name: hiding
         return out
 
     @functools.cached_property
@@ -682,9 +750,14 @@ class _Index:
 
 
 class _BindingSites(cst.CSTVisitor):
-    """Collects where names are bound: imports, defs, assignments (as key -> value expression pairs)."""
+    """Collects where names are bound (imports, defs, assignments as key -> value pairs), and every node."""
+
+    STRINGS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
 
     def __init__(self):
+        self.nodes: list[cst.CSTNode] = []  # in source order
+        self.strings: list[cst.BaseExpression] = []  # outermost string literals (concatenations whole)
+        self._in_string = 0
         self.fixed: dict[str, set[str]] = {}
         self.pairs: list[tuple[str, cst.BaseExpression]] = []
         self.values: dict[str, list[cst.BaseExpression]] = {}
@@ -696,6 +769,19 @@ class _BindingSites(cst.CSTVisitor):
         self.star_modules: list[str] = []
         self.import_refs: list[tuple[cst.CSTNode, frozenset[str]]] = []
         self.depth = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.nodes.append(node)
+        if isinstance(node, self.STRINGS):
+            if not self._in_string:
+                self.strings.append(node)
+            self._in_string += 1
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, self.STRINGS):
+            self._in_string -= 1
+        super().on_leave(original_node)
 
     def _fix(self, name: str, qualname: str) -> None:
         self.fixed.setdefault(name, set()).add(qualname)
@@ -710,7 +796,7 @@ class _BindingSites(cst.CSTVisitor):
             self.import_refs.append((node, frozenset({dotted})))
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        mod = "." * len(node.relative) + (_dotted(node.module) or "" if node.module else "")
+        mod = "." * len(node.relative) + (_dotted(node.module) or "")
         if isinstance(node.names, cst.ImportStar):
             self.star_modules.append(mod)
             self.import_refs.append((node, frozenset({mod})))
@@ -790,6 +876,15 @@ class _BindingSites(cst.CSTVisitor):
             self.module_values.setdefault(key, []).append(value)
 
 
+class _Descendants(cst.CSTVisitor):
+    def __init__(self):
+        self.nodes: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.nodes.append(node)
+        return True
+
+
 class _RefCollector(cst.CSTVisitor):
     """Every maximal name / attribute chain (and getattr-like call) in the file, with its resolution."""
 
@@ -825,51 +920,29 @@ class _RefCollector(cst.CSTVisitor):
         return False
 
 
-class _NodeCollector(cst.CSTVisitor):
-    """Every node in source order, and the outermost string literals (concatenations and f-strings whole)."""
-
-    STRINGS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
-
-    def __init__(self):
-        self.nodes: list[cst.CSTNode] = []
-        self.strings: list[cst.BaseExpression] = []
-        self._in_string = 0
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self.nodes.append(node)
-        if isinstance(node, self.STRINGS):
-            if not self._in_string:
-                self.strings.append(node)
-            self._in_string += 1
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if isinstance(original_node, self.STRINGS):
-            self._in_string -= 1
-
-
 # ---------------------------------------------------------------------------------------------
 # Helpers.
 
 
 def _torch_call(index: _Index, call: cst.Call, owner: str | None) -> str | None:
     """Why this call in forward is torch compute, or None."""
-    names = index.resolve(call.func)
-    for q in sorted(names):
+    for q in sorted(index.resolve(call.func)):
         if _is_torch_function(q) or _nn_call(q) or q.split(".")[0] in COMPUTE_LIBRARIES or q[:-2] in TORCH_WRAPPERS:
             return q
     func = call.func
-    if not isinstance(func, cst.Attribute):
-        return None
-    if owner and m.matches(func.value, m.Call(func=m.Name("super"))):
+    if owner and m.matches(func, m.Attribute(value=m.Call(func=m.Name("super")))):
         bases = [q for q in index.external_bases(owner) if _nn_class(q)]
         return f"super().{func.attr.value} of {bases[0]}" if bases else None
-    receiver = index.resolve(func.value)
-    if m.matches(func.value, m.Name("self")) or not all("()" in q and "<file>" not in q for q in receiver):
-        return None  # a module, an extension, or the candidate's own object
-    name = func.attr.value
-    if name in index.extension_functions:
+    if isinstance(func, cst.Attribute):
+        receiver, name = func.value, func.attr.value
+    elif m.matches(func, m.Call(func=m.Name("getattr"))) and len(func.args) >= 2 and _literal(func.args[1].value):
+        receiver, name = func.args[0].value, _literal(func.args[1].value, index.values)
+    else:
         return None
+    if m.matches(receiver, m.Name("self")) or name in index.extension_functions:
+        return None
+    if not all("()" in q and "<file>" not in q for q in index.resolve(receiver)):
+        return None  # a module, an extension, or the candidate's own object
     if _normalize(name) in TENSOR_COMPUTE:
         return f".{name}()"
     if name == "to" and _casts(index, call):
@@ -883,7 +956,7 @@ def _tensor_arithmetic(index: _Index, forward: cst.FunctionDef) -> list[cst.CSTN
     Only operands known to be tensors count: forward's own parameters (KernelBench passes tensors) and
     attributes holding a Parameter; `(n + 255) // 256` on a local size stays allowed.
     """
-    params = {p.name.value for p in m.findall(forward.params, m.Param())} - {"self"}
+    params = {p.name.value for p in index.inside(forward.params, cst.Param)} - {"self"}
 
     def tensor(expr: cst.BaseExpression) -> bool:
         if isinstance(expr, cst.Name) and expr.value in params:
@@ -891,7 +964,7 @@ def _tensor_arithmetic(index: _Index, forward: cst.FunctionDef) -> list[cst.CSTN
         return any(q.startswith("torch.") and q.endswith("()") and "Parameter" in q for q in index.resolve(expr))
 
     out = []
-    for node in m.findall(forward, m.BinaryOperation() | m.AugAssign() | m.UnaryOperation()):
+    for node in index.inside(forward, cst.BinaryOperation, cst.AugAssign, cst.UnaryOperation):
         op = node.operator
         operands = [node.expression] if isinstance(node, cst.UnaryOperation) else \
             [node.target, node.value] if isinstance(node, cst.AugAssign) else [node.left, node.right]
@@ -916,6 +989,12 @@ def _is_torch_function(q: str) -> bool:
     if len(parts) == 3 and parts[1] == "Tensor":
         return parts[2] not in ALLOWED and _normalize(parts[2]) not in ALLOWED
     return len(parts) == 2 and parts[1] not in ALLOWED and not parts[1][:1].isupper()
+
+
+def _names_torch_op(q: str) -> bool:
+    """A torch compute function named as a value (not a dtype, constant or submodule)."""
+    last = q.rsplit(".", 1)[-1]
+    return _is_torch_function(q) and last not in TORCH_NON_CALLABLES and not last.startswith("_")
 
 
 def _nn_class(q: str) -> str | None:
@@ -1021,8 +1100,9 @@ def _is_current_stream(expr: str, src: str) -> bool:
 
 
 def _is_library(names: frozenset[str] | set[str]) -> bool:
-    """A module or library class (not a value, not the candidate's own class, not an extension)."""
-    return any(q and "()" not in q and not q.startswith(("<file>", "<extension>", "<dynamic>")) for q in names)
+    """A module or library class, maybe imported by a computed name (not a value, the candidate's own class,
+    or an extension)."""
+    return any(q and "()" not in q and not q.startswith(("<file>", "<extension>", "<unknown>")) for q in names)
 
 
 def _precise_setting(value: cst.BaseExpression | None) -> bool:
@@ -1038,36 +1118,40 @@ def _memoised_state(index: _Index) -> set[str]:
     nor is state that only holds modules or extensions (a lazily built kernel).
     """
     fns = [fn for fn, _ in index.forward_closure]
-    local = _local_names(fns)
+    local = _local_names(index, fns)
     writes = [w for fn in fns for w in _state_writes(index, fn, local)]
     modules = {k for k, _, _ in writes} - {k for k, value, _ in writes if value is None or not index.resolve(value)}
     written = {k for k, _, _ in writes} - modules
+    if not written:
+        return set()
     aliases: dict[str, set[str]] = {}  # local = <expression reading state>
     for fn in fns:
-        for assign in m.findall(fn, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
-            aliases.setdefault(assign.targets[0].target.value, set()).update(_state_reads(index, assign.value, local))
+        for assign in index.inside(fn, cst.Assign):
+            if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+                key = assign.targets[0].target.value
+                aliases.setdefault(key, set()).update(_state_reads(index, assign.value, local))
 
     def reads(expr: cst.CSTNode) -> set[str]:
-        names = {n.value for n in m.findall(expr, m.Name())}
+        names = {n.value for n in index.inside(expr, cst.Name)}
         return (_state_reads(index, expr, local).union(*(aliases.get(n, set()) for n in names))) & written
 
-    guarded = [n for fn in fns for n in m.findall(fn, m.If() | m.IfExp()) if reads(n.test)]
-    early = {k for g in guarded for r in m.findall(g, m.Return()) if r.value is not None for k in reads(r.value)}
+    guarded = [n for fn in fns for n in index.inside(fn, cst.If, cst.IfExp) if reads(n.test)]
+    early = {k for g in guarded for r in index.inside(g, cst.Return) if r.value is not None for k in reads(r.value)}
     early |= {k for g in guarded if isinstance(g, cst.IfExp) for k in reads(g.body) | reads(g.orelse)}
-    inside = {n for g in guarded for n in m.findall(g, m.Assign() | m.AugAssign() | m.AnnAssign() | m.Call())}
-    returned = {k for fn in fns for r in m.findall(fn, m.Return()) if r.value is not None for k in reads(r.value)}
-    refilled = {k for fn in fns for c in m.findall(fn, m.Call()) if c not in inside for a in c.args
+    inside = {n for g in guarded for n in index.inside(g, cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Call)}
+    returned = {k for fn in fns for r in index.inside(fn, cst.Return) if r.value is not None for k in reads(r.value)}
+    refilled = {k for fn in fns for c in index.inside(fn, cst.Call) if c not in inside for a in c.args
                 for k in reads(a.value)}
     once = {k for k in returned - refilled if all(node in inside for key, _, node in writes if key == k)}
     return early | once
 
 
-def _local_names(fns: list[cst.FunctionDef]) -> set[str]:
+def _local_names(index: _Index, fns: list[cst.FunctionDef]) -> set[str]:
     """Names assigned (or parameters) inside `fns` and not declared global."""
-    names = {p.name.value for fn in fns for p in m.findall(fn.params, m.Param())}
-    for fn in fns:
-        names |= {t.target.value for t in m.findall(fn, m.AssignTarget(target=m.Name()))}
-    declared = {n.name.value for fn in fns for g in m.findall(fn, m.Global()) for n in g.names}
+    names = {p.name.value for fn in fns for p in index.inside(fn.params, cst.Param)}
+    names |= {t.target.value for fn in fns for t in index.inside(fn, cst.AssignTarget)
+              if isinstance(t.target, cst.Name)}
+    declared = {n.name.value for fn in fns for g in index.inside(fn, cst.Global) for n in g.names}
     return names - declared
 
 
@@ -1086,26 +1170,28 @@ def _state_key(index: _Index, expr: cst.CSTNode, local: set[str]) -> str | None:
 
 
 def _state_reads(index: _Index, node: cst.CSTNode, local: set[str]) -> set[str]:
-    found = m.findall(node, m.Attribute() | m.Subscript() | m.Name())
+    found = index.inside(node, cst.Attribute, cst.Subscript, cst.Name)
     return {k for k in (_state_key(index, n, local) for n in found) if k}
 
 
-def _state_writes(index: _Index, fn: cst.FunctionDef, local: set[str]) -> list[tuple[str, cst.CSTNode | None, cst.CSTNode]]:
+def _state_writes(index: _Index, fn: cst.FunctionDef, local: set[str]
+                  ) -> list[tuple[str, cst.CSTNode | None, cst.CSTNode]]:
     """(state key, assigned value or None for a mutation, the writing node) for each state write in `fn`."""
     out = []
-    for node in m.findall(fn, m.Assign() | m.AugAssign() | m.AnnAssign()):
+    for node in index.inside(fn, cst.Assign, cst.AugAssign, cst.AnnAssign):
         targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
         for t in targets:
             key = _state_key(index, t, local)
             if key:
                 whole = isinstance(node, cst.Assign) and not isinstance(t, cst.Subscript)
                 out.append((key, node.value if whole else None, node))
-    for call in m.findall(fn, m.Call(func=m.Attribute())):
-        key = _state_key(index, call.func.value, local)
+    for call in index.inside(fn, cst.Call):
+        key = _state_key(index, call.func.value, local) if isinstance(call.func, cst.Attribute) else None
         if key and call.func.attr.value in MUTATORS:
             out.append((key, None, call))
-    for call in m.findall(fn, m.Call(func=m.Name("setattr"))):
-        if len(call.args) >= 2 and m.matches(call.args[0].value, m.Name("self")) and _literal(call.args[1].value):
+    for call in index.inside(fn, cst.Call):  # setattr(self, "name", value)
+        if m.matches(call, m.Call(func=m.Name("setattr"), args=[m.Arg(m.Name("self")), m.Arg(), m.ZeroOrMore()])) \
+                and _literal(call.args[1].value):
             out.append((f"self.{_literal(call.args[1].value)}", None, call))
     return out
 
@@ -1120,11 +1206,21 @@ def _dotted(node: cst.CSTNode | None) -> str | None:
     return None
 
 
-def _literal(node: cst.CSTNode) -> str | None:
-    """The value of a plain string literal (no f-string expressions), else None."""
+def _literal(node: cst.CSTNode, values: dict[str, list] | None = None, depth: int = 0) -> str | None:
+    """A string known before running: literals, `+` of literals, a name assigned one literal once, else None.
+
+    Folding `"ma" + "tmul"` lets the checks see the real name instead of stopping at "computed".
+    """
+    if depth > 8:
+        return None
     if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
         value = node.evaluated_value
         return value if isinstance(value, str) else None
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+        left, right = _literal(node.left, values, depth + 1), _literal(node.right, values, depth + 1)
+        return None if left is None or right is None else left + right
+    if isinstance(node, cst.Name) and values and len(values.get(node.value, [])) == 1:
+        return _literal(values[node.value][0], values, depth + 1)
     return None
 
 

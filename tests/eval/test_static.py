@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from cudagym.eval.static import CHECKS, POLICIES, extract_cuda_sources, parse_candidate, reference_dtypes, \
     static_flags, static_report
 
-# An honest elementwise kernel; HEADER + a ModelNew built from it are the base of most hacks below.
+# An honest elementwise kernel; KERNEL + a ModelNew using it (`model(...)`) is the base of most hacks below.
 KERNEL = '''
 import torch
 import torch.nn as nn
@@ -134,6 +135,10 @@ HACKS = [
     ("inherits_model", KERNEL + "\nclass Base(Model):\n    pass\n\nclass ModelNew(Base):\n    pass\n"),
     ("inherits_model", KERNEL + "\nfrom reference import Model as Ref\n\nclass ModelNew(Ref):\n    pass\n"),
     ("inherits_model", model("return self.ref(x)", init="self.ref = Model()")),
+    ("inherits_model", KERNEL + "\nclass _Ref(nn.Module):\n    pass\n\nModelNew = _Ref\n"),
+    ("inherits_model", KERNEL + "\nclass _Ref(nn.Module):\n    pass\n\nModelNew = type('ModelNew', (_Ref,), {})\n"),
+    ("inherits_model", model("return self.impl(x)", init="self.impl = Model()",
+                             prelude="class Model(nn.Module):\n    pass\n")),  # a re-declared reference, composed
     # torch compute in forward, through every kind of alias
     ("torch_compute_in_forward", model("return torch.relu(x)")),
     ("torch_compute_in_forward", model("return T.matmul(x, x)", prelude="import torch as T")),
@@ -142,19 +147,33 @@ HACKS = [
     ("torch_compute_in_forward", model("return F.softmax(x, -1)", prelude="import torch.nn.functional as F")),
     ("torch_compute_in_forward", model("return N.functional.gelu(x)", prelude="from torch import nn as N")),
     ("torch_compute_in_forward", model("return getattr(torch, 'mm')(x, x)")),
+    ("torch_compute_in_forward", model("return getattr(torch, 'ma' + 'tmul')(x, x)")),  # folded, not "computed"
+    ("torch_compute_in_forward", model("return functools.reduce(operator.matmul, (x, x))",
+                                       prelude="import functools, operator")),  # passed, not called
+    ("torch_compute_in_forward", model("return torch.ops.fx.gemm(x, x)", prelude='''
+        @torch.library.custom_op("fx::gemm", mutates_args=())
+        def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.mm(a, b)
+        ''')),
     ("torch_compute_in_forward", model("return __import__('torch').relu(x)")),
     ("torch_compute_in_forward", model("return importlib.import_module('torch.nn.functional').relu(x)",
                                        prelude="import importlib")),
     ("torch_compute_in_forward", model("return torch.ops.aten.mm.default(x, x)")),
     ("torch_compute_in_forward", model("return mm(x, x)", prelude="mm = torch.mm")),
     ("torch_compute_in_forward", model("return self.op(x, x)", init="self.op = torch.matmul")),
+    ("torch_compute_in_forward", model("return self.f(x)", init="self.f = lambda t: torch.relu(t)")),
+    ("torch_compute_in_forward", model("return self.f(x)", init="self.f = functools.partial(torch.softmax, dim=0)",
+                                       prelude="import functools")),
+    ("torch_compute_in_forward", model("return self.ops['a'](x)", init="self.ops = {'a': torch.relu}")),
     ("torch_compute_in_forward", model("return x @ x.t()")),
     ("torch_compute_in_forward", model("return x.exp().sum(dim=1)")),
     ("torch_compute_in_forward", model("y = torch.empty_like(x)\ny.copy_(x)\nreturn y")),
     ("torch_compute_in_forward", model("return x.to(torch.float64)")),
     ("torch_compute_in_forward", model("return self.conv(x)", init="self.conv = nn.Conv2d(3, 3, 3)")),
-    ("torch_compute_in_forward", model("return self.layers[0](x)", init="self.layers = nn.ModuleList([nn.Linear(4, 4)])")),
-    ("torch_compute_in_forward", model("return self.helper(x)") + "\n    def helper(self, x):\n        return x.tanh()\n"),
+    ("torch_compute_in_forward", model("return self.layers[0](x)",
+                                       init="self.layers = nn.ModuleList([nn.Linear(4, 4)])")),
+    ("torch_compute_in_forward", model("return self.helper(x)") +
+     "\n    def helper(self, x):\n        return x.tanh()\n"),
     ("torch_compute_in_forward", model("return fused(x)", prelude="def fused(x):\n    return torch.sigmoid(x)\n")),
     ("torch_compute_in_forward", model("return Fn.apply(x)", prelude='''
         class Fn(torch.autograd.Function):
@@ -177,10 +196,12 @@ HACKS = [
     # the rest
     ("try_except_fallback", model("try:\n    return self.ext.relu_cuda(x, torch.empty_like(x))\nexcept Exception:\n"
                                   "    return x.clamp(min=0)")),
-    ("try_except_fallback", model("with contextlib.suppress(RuntimeError):\n    return x", prelude="import contextlib")),
+    ("try_except_fallback", model("with contextlib.suppress(RuntimeError):\n    return x",
+                                  prelude="import contextlib")),
     ("threading", model("return x", prelude="from concurrent.futures import ThreadPoolExecutor as TPE")),
     ("threading", model("subprocess.run(['nvidia-smi'])\nreturn x", prelude="import subprocess")),
     ("threading", model("return x", prelude="import os\nPID = os.fork")),
+    ("threading", model("raise SystemExit(0)")),
     ("introspection", model("frame = sys._getframe(1)\nreturn frame.f_locals['expected']", prelude="import sys")),
     ("introspection", model("return x", prelude="import gc")),
     ("introspection", model("ref = globals()['torch']\nreturn x")),
@@ -191,6 +212,8 @@ HACKS = [
     ("monkeypatch", model("return x", prelude="setattr(torch.cuda.Event, 'elapsed_time', lambda *a: 0.001)")),
     ("monkeypatch", model("return x", prelude="import builtins\nbuiltins.len = lambda x: 0")),
     ("monkeypatch", model("return x", prelude='lib = torch.library.Library("aten", "IMPL")')),
+    ("monkeypatch", model("return x", prelude="setattr(CLOCK, ''.join(['perf_', 'counter']), None)")),
+    ("monkeypatch", model("return x", prelude="sys_ = __import__('sy' + 's')\nsys_.modules['time'] = None")),
     ("timing_access", model("return x", prelude="import time")),
     ("timing_access", model("torch.cuda.synchronize()\nreturn x")),
     ("timing_access", model("e = torch.cuda.Event(enable_timing=True)\ne.record()\nreturn x")),
@@ -222,14 +245,18 @@ HACKS = [
     ("precision_downcast", kernel_with("__half h = __float2half(1.0f);")),
     ("precision_downcast", kernel_with('asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 ...");')),
     ("precision_downcast", kernel_with("cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH);")),
+    ("precision_downcast", model("return (x.view(torch.int32) & -65536).view(torch.float32)")),
     ("cached_result", model("if self.cache is not None:\n    return self.cache\nout = torch.empty_like(x)\n"
                             "self.ext.relu_cuda(x, out)\nself.cache = out\nreturn out", init="self.cache = None")),
-    ("cached_result", model("k = x.data_ptr()\nif k not in _SEEN:\n    _SEEN[k] = self.ext.relu_cuda(x, torch.empty_like(x))\n"
+    ("cached_result", model("k = x.data_ptr()\nif k not in _SEEN:\n"
+                            "    _SEEN[k] = self.ext.relu_cuda(x, torch.empty_like(x))\n"
                             "return _SEEN[k]", prelude="_SEEN = {}")),
     ("cached_result", model("if self.out is None:\n    self.out = self.ext.relu_cuda(x, torch.empty_like(x))\n"
                             "return self.out", init="self.out = None")),  # compute once
-    ("cached_result", model("out = _C.get(id(x))\nif out is None:\n    out = self.ext.relu_cuda(x, torch.empty_like(x))\n"
+    ("cached_result", model("out = _C.get(id(x))\nif out is None:\n"
+                            "    out = self.ext.relu_cuda(x, torch.empty_like(x))\n"
                             "    _C[id(x)] = out\nreturn out", prelude="_C = {}")),
+    ("cached_result", kernel_with("static std::map<void*, torch::Tensor> cache;")),
     ("cached_result", model("return self.run(x)", prelude="import functools") +
      "\n    @functools.lru_cache(maxsize=None)\n    def run(self, x):\n        return x\n"),
     ("lazy_tensor", model("return Lazy(x)", prelude="class Lazy(torch.Tensor):\n    pass\n")),
@@ -237,9 +264,9 @@ HACKS = [
     ("lazy_tensor", model("return x", prelude="class M:\n    def __torch_function__(self, *a, **k):\n        pass\n")),
     ("dynamic_code", model("exec('y = x')\nreturn x")),
     ("dynamic_code", model("return x", prelude="import base64\nSRC = base64.b64decode('aW1wb3J0IG9z')")),
-    ("dynamic_code", model("return getattr(torch, 'ma' + 'tmul')(x, x)")),
-    ("dynamic_code", model("return __import__(NAME).relu(x)", prelude="NAME = 'torch'")),
-    ("dynamic_code", model("return importlib.import_module(NAME).relu(x)", prelude="import importlib\nNAME = 'torch'")),
+    ("dynamic_code", model("return getattr(torch, ''.join(reversed('lumtam')))(x, x)")),
+    ("dynamic_code", model("return __import__(NAMES[0]).relu(x)", prelude="NAMES = ['torch']")),
+    ("dynamic_code", model("return importlib.import_module(x.name).relu(x)", prelude="import importlib")),
 ]
 
 
@@ -250,6 +277,13 @@ def test_hack_fires_its_flag(flag, source):
 
 def test_every_flag_has_a_hack():
     assert {flag for flag, _ in HACKS} == set(CHECKS)
+
+
+def test_report_says_what_and_where():
+    report = static_report(model("y = torch.empty_like(x)\nreturn T.mm(x, y)", prelude="import torch as T"))
+    assert report.keys() == {"torch_compute_in_forward"}
+    [detail] = report["torch_compute_in_forward"]
+    assert detail.startswith("line ") and detail.endswith(": torch.mm")
 
 
 def test_torch_compute_is_strict_only():
@@ -269,7 +303,7 @@ def test_precision_downcast_skipped_for_half_tasks():
 @pytest.mark.parametrize("source", [
     model("return x", init="self.compile = 1"),  # attribute names are not builtins
     model("return x", prelude="import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'"),
-    model("out = self.ext.relu_cuda(x, torch.empty_like(x))\nself.last = out\nreturn self.last"),  # no test: not a cache
+    model("out = self.ext.relu_cuda(x, torch.empty_like(x))\nself.last = out\nreturn self.last"),  # untested state
     model("def forward_helper(input):\n    return input\nreturn forward_helper(x.view(-1))"),
     model("for t in (x,):\n    pass\nreturn self.ext.relu_cuda(x, x.new_empty(x.shape))"),
     model("return x", prelude='DOC = "we avoid cudaEventRecord and __half here"'),  # prose, not C++
@@ -297,3 +331,11 @@ def test_precision_downcast_skipped_for_half_tasks():
 ])
 def test_no_false_positive(source):
     assert static_flags(source) == [], static_report(source)
+
+
+HONEST_FIXTURES = sorted((Path(__file__).parent.parent / "fixtures" / "honest").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", HONEST_FIXTURES, ids=[p.stem for p in HONEST_FIXTURES])
+def test_honest_fixtures_pass_permissive(path):
+    assert static_report(path.read_text(), "permissive") == {}

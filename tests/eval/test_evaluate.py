@@ -1,0 +1,192 @@
+"""The driver: cheap validation and config checks, then end-to-end verdicts through the judge and
+runner processes (CPU, permissive policy, a tiny reference: each run takes several seconds)."""
+
+from __future__ import annotations
+
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cudagym.eval.evaluate import CandidateError, EvalConfig, evaluate_candidate, validate_candidate
+from cudagym.eval.verdict import Status
+
+PROBLEMS = Path(__file__).resolve().parents[1] / "fixtures" / "problems"
+REF = (PROBLEMS / "add_scale.py").read_text()  # out = x * 2 + y, x and y of shape (64, 256)
+
+REF_WITH_ARGS = textwrap.dedent("""
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self, in_features, out_features):
+            super().__init__()
+            self.linear = nn.Linear(in_features, out_features)
+
+        def forward(self, x):
+            return self.linear(x)
+""")
+
+
+def candidate(forward_body: str, init: str = "def __init__(self):") -> str:
+    return (f"import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    {init}\n"
+            f"        super().__init__()\n\n    def forward(self, x, y):\n"
+            + textwrap.indent(textwrap.dedent(forward_body).strip() + "\n", " " * 8))
+
+
+HONEST = candidate("return torch.add(x * 2.0, y)")
+
+
+# -- validate_candidate ---------------------------------------------------------------------------
+def test_valid_candidate_passes_validation():
+    validate_candidate(REF, HONEST)
+    validate_candidate(REF_WITH_ARGS, candidate("return x", init="def __init__(self, in_features, out_features):"))
+    validate_candidate(REF_WITH_ARGS, candidate("return x", init="def __init__(self, *args):"))
+    validate_candidate(REF_WITH_ARGS, "import torch.nn as nn\nclass ModelNew(nn.Linear):\n    pass\n")  # inherits
+
+
+def test_syntax_error_is_candidate_error():
+    with pytest.raises(CandidateError, match="syntax error at line 2"):
+        validate_candidate(REF, "import torch\ndef forward(:\n")
+
+
+@pytest.mark.parametrize("code", [
+    "import torch\nclass Model(torch.nn.Module):\n    pass\n",
+    "import torch\nclass Modelnew(torch.nn.Module):\n    pass\n",
+    "ModelNew = 3\n",
+    "",
+])
+def test_no_model_new_is_candidate_error(code):
+    with pytest.raises(CandidateError, match="no class ModelNew"):
+        validate_candidate(REF, code)
+
+
+@pytest.mark.parametrize("ref, init", [
+    (REF_WITH_ARGS, "def __init__(self, in_features):"),  # too few
+    (REF_WITH_ARGS, "def __init__(self, a, b, c):"),  # too many required
+    (REF_WITH_ARGS, "def __init__(self):"),  # none, Model takes two
+    (REF, "def __init__(self, in_features):"),  # Model takes none
+])
+def test_wrong_init_arity_is_candidate_error(ref, init):
+    with pytest.raises(CandidateError, match="arguments"):
+        validate_candidate(ref, candidate("return x", init=init))
+
+
+# -- EvalConfig -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, match", [
+    ({"policy": "lenient"}, "policy"),
+    ({"timing_mode": "wallclock"}, "timing mode"),
+    ({"n_checks": 1}, "n_checks"),
+    ({"n_checks": 0}, "n_checks"),
+])
+def test_eval_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EvalConfig(**kwargs)
+
+
+def test_eval_config_accepts_good_values():
+    config = EvalConfig(policy="permissive", timing_mode="paper", n_checks=2)
+    assert config.judge_timeout_s > config.build_timeout_s
+
+
+def test_compile_error_verdict_without_a_process():
+    verdict = evaluate_candidate(REF, "class ModelNew(:\n", EvalConfig(device="cpu"))
+    assert verdict.status is Status.COMPILE_ERROR and verdict.reward == -1 and "syntax error" in verdict.reason
+
+
+# -- end to end -----------------------------------------------------------------------------------
+CPU = dict(device="cpu", policy="permissive", compile_baseline=False, max_timing_s=1, min_reps=5, max_reps=20)
+
+
+@pytest.mark.slow
+def test_honest_candidate_passes():
+    verdict = evaluate_candidate(REF, HONEST, EvalConfig(**CPU))
+    assert verdict.status is Status.PASS, verdict.reason
+    assert verdict.correct and verdict.flags == []
+    assert verdict.t_candidate_ms and verdict.t_candidate_ms > 0
+    assert verdict.t_eager_ms and verdict.t_eager_ms > 0
+    assert verdict.t_compile_ms is None  # compile baseline off
+    assert verdict.speedup_vs_eager == pytest.approx(verdict.t_eager_ms / verdict.t_candidate_ms)
+    assert verdict.reward in {1, 2, 3}
+    assert verdict.timing["reps"] <= 20
+    assert verdict.env.get("sandbox") == "full" or verdict.env.get("sandbox", "").startswith("partial")
+
+
+# Failure cases run side by side (they do no timing, so contention cannot change their verdicts).
+FAILING = {
+    "raises": (candidate("raise RuntimeError('boom-sentinel-4711')"), {}),
+    # static_checks off: they would reject time.sleep (timing_access) before anything runs.
+    "sleeps": (candidate("import time\nwhile True:\n    time.sleep(1)"), {"timeout_s": 3, "static_checks": False}),
+    "segfaults": (candidate("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nreturn x"),
+                  {"static_checks": False}),
+    "wrong_shape": (candidate("return (x * 2 + y)[:, :10]"), {}),
+    "allocates_4gb": (candidate("big = torch.ones(2 ** 30)  # 4 GiB, written\nreturn x * 2 + y + big[0]"),
+                      {"memory_limit_gb": 1}),
+}
+
+
+@pytest.fixture(scope="module")
+def escape_path(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("outside") / "escaped.txt"
+
+
+@pytest.fixture(scope="module")
+def failing_verdicts(escape_path):
+    cases = dict(FAILING, writes_outside=(
+        candidate(f"with open({str(escape_path)!r}, 'w') as f:\n    f.write('x')\nreturn x * 2 + y"),
+        {"static_checks": False}))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(evaluate_candidate, REF, code, EvalConfig(**CPU, **overrides))
+                   for name, (code, overrides) in cases.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.slow
+def test_exception_in_forward_is_runtime_error(failing_verdicts):
+    verdict = failing_verdicts["raises"]
+    assert verdict.status is Status.RUNTIME_ERROR
+    assert "boom-sentinel-4711" in verdict.reason and "RuntimeError" in verdict.reason
+    assert verdict.reward == -1 and verdict.t_candidate_ms is None
+
+
+@pytest.mark.slow
+def test_hang_in_forward_is_timeout(failing_verdicts):
+    verdict = failing_verdicts["sleeps"]
+    assert verdict.status is Status.TIMEOUT, verdict.reason
+    assert "3 s" in verdict.reason and verdict.reward == -1
+
+
+@pytest.mark.slow
+def test_segfault_is_runtime_error(failing_verdicts):
+    verdict = failing_verdicts["segfaults"]
+    assert verdict.status is Status.RUNTIME_ERROR
+    assert "SIGSEGV" in verdict.reason
+
+
+def test_segfault_candidate_is_rejected_by_static_checks():
+    code = FAILING["segfaults"][0]
+    verdict = evaluate_candidate(REF, code, EvalConfig(**CPU))  # no process: static checks fire first
+    assert verdict.status is Status.REJECTED and verdict.flags
+    assert verdict.reason.startswith("static checks fired")
+
+
+@pytest.mark.slow
+def test_wrong_shape_is_incorrect(failing_verdicts):
+    verdict = failing_verdicts["wrong_shape"]
+    assert verdict.status is Status.INCORRECT
+    assert "shape" in verdict.reason and "(64, 10)" in verdict.reason
+
+
+@pytest.mark.slow
+def test_memory_blowup_is_runtime_error(failing_verdicts):
+    verdict = failing_verdicts["allocates_4gb"]
+    assert verdict.status is Status.RUNTIME_ERROR
+    assert "memory" in verdict.reason
+
+
+@pytest.mark.slow
+def test_write_outside_workdir_fails_and_leaves_nothing(failing_verdicts, escape_path):
+    verdict = failing_verdicts["writes_outside"]
+    assert verdict.status is not Status.PASS
+    assert not escape_path.exists()
+    assert escape_path.parent.is_dir()  # the directory was there to write into

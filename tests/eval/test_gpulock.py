@@ -1,0 +1,114 @@
+"""GPU readers-writer lock across processes: readers share, a writer excludes, a waiting writer
+blocks new readers (writer preference)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cudagym.eval.gpulock import gpu_lock
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+# Takes the lock, writes the monotonic time (system-wide clock) to MARK, holds it HOLD_S seconds.
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from cudagym.eval.gpulock import gpu_lock
+    path, exclusive, mark, hold_s = sys.argv[1], sys.argv[2] == "1", sys.argv[3], float(sys.argv[4])
+    with gpu_lock(path, exclusive=exclusive):
+        with open(mark, "w") as f:
+            f.write(repr(time.monotonic()))
+        time.sleep(hold_s)
+    print(repr(time.monotonic()))
+""")
+
+
+def start_holder(lock: str, exclusive: bool, mark: Path, hold_s: float = 0.0) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.Popen([sys.executable, "-c", HOLDER, lock, "1" if exclusive else "0", str(mark), str(hold_s)],
+                            env=env, stdout=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, timeout_s: float = 20.0) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return float(path.read_text())
+        time.sleep(0.01)
+    raise AssertionError(f"{path.name} never acquired the lock")
+
+
+def finish(proc: subprocess.Popen) -> float:
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    return float(out.strip())
+
+
+@pytest.fixture
+def lock(tmp_path) -> str:
+    return str(tmp_path / "gpu.lock")
+
+
+def test_no_path_is_a_no_op():
+    with gpu_lock(None, exclusive=True):
+        with gpu_lock("", exclusive=True):
+            pass
+
+
+def test_creates_lock_files(lock):
+    with gpu_lock(lock, exclusive=False):
+        assert os.path.exists(lock) and os.path.exists(lock + ".turnstile")
+
+
+def test_two_readers_at_once(lock, tmp_path):
+    first = start_holder(lock, False, tmp_path / "r1", hold_s=2.0)
+    t1 = wait_for(tmp_path / "r1")
+    second = start_holder(lock, False, tmp_path / "r2")
+    t2 = wait_for(tmp_path / "r2")
+    assert first.poll() is None  # the first reader still holds it
+    finish(first)
+    finish(second)
+    assert t1 <= t2 < t1 + 2.0  # the second got in while the first held it
+
+
+def test_writer_blocks_reader_until_released(lock, tmp_path):
+    with gpu_lock(lock, exclusive=True):
+        reader = start_holder(lock, False, tmp_path / "r")
+        time.sleep(1.0)
+        assert not (tmp_path / "r").exists(), "reader got in while the writer held the lock"
+        released = time.monotonic()
+    acquired = wait_for(tmp_path / "r")
+    finish(reader)
+    assert acquired >= released
+
+
+def test_reader_blocks_writer_until_released(lock, tmp_path):
+    with gpu_lock(lock, exclusive=False):
+        writer = start_holder(lock, True, tmp_path / "w")
+        time.sleep(1.0)
+        assert not (tmp_path / "w").exists()
+        released = time.monotonic()
+    assert wait_for(tmp_path / "w") >= released
+    finish(writer)
+
+
+def test_waiting_writer_blocks_new_readers(lock, tmp_path):
+    with gpu_lock(lock, exclusive=False):  # reader 1: here
+        writer = start_holder(lock, True, tmp_path / "w", hold_s=0.5)
+        time.sleep(0.7)  # the writer is now queued behind reader 1
+        assert not (tmp_path / "w").exists()
+        reader2 = start_holder(lock, False, tmp_path / "r2")
+        time.sleep(1.0)
+        # Without writer preference reader 2 would share with reader 1 right away.
+        assert not (tmp_path / "r2").exists(), "a new reader overtook the waiting writer"
+    t_writer = wait_for(tmp_path / "w")
+    t_reader2 = wait_for(tmp_path / "r2")
+    finish(writer)
+    finish(reader2)
+    assert t_reader2 >= t_writer + 0.45  # the writer went first and held it for its 0.5 s
