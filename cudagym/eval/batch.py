@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_job
+from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_job, stop_live_judges
 from cudagym.eval.store import BaselineKey, Store
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task, TaskError
@@ -80,9 +80,14 @@ def _run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int,
                   TimeRemainingColumn(), transient=False) as progress, ThreadPoolExecutor(max_workers=parallel) as pool:
         bar = progress.add_task(description, total=total)
         futures: dict[Future, object] = {pool.submit(thunk): key for key, thunk in jobs}
-        for future in as_completed(futures):
-            on_result(futures[future], future.result())
-            progress.advance(bar)
+        try:
+            for future in as_completed(futures):
+                on_result(futures[future], future.result())
+                progress.advance(bar)
+        except BaseException:  # Ctrl-C or a timeout's SIGINT: stop at once; what is stored stays stored
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_live_judges()
+            raise
 
 
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,
@@ -129,6 +134,11 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
         if result.get("t_eager_ms") is not None:
             store.put_baseline(baseline_key(task, env, config.timing_mode), result)
 
+    # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
+    # timed, so they may share the GPU). Phase 2 times with the GPU held exclusively; its compiles
+    # are cache hits, so a judge waiting to time never waits behind a long compile.
+    warm = ((t, lambda t=t: run_reference_job(t, "warm", config)) for t in todo)
+    _run_all(warm, parallel, lambda task, result: None, "compile (warm caches)", len(todo))
     jobs = ((t, lambda t=t: run_reference_job(t, "baseline", config)) for t in todo)
     _run_all(jobs, parallel, record, "baselines", len(todo))
     for task in tasks:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,15 @@ from cudagym.tasks import Task
 from cudagym.tasks.sandbox import describe_exit, kill_tree
 
 POLICIES = ("strict", "permissive")
+_LIVE_JUDGES: set[subprocess.Popen] = set()  # so an interrupted batch can stop them (they run in their own sessions)
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_live_judges() -> None:
+    """Kill every judge this process started that is still running (and, with it, its runner)."""
+    with _LIVE_LOCK:
+        for proc in list(_LIVE_JUDGES):
+            kill_tree(proc.pid)
 
 
 class CandidateError(ValueError):
@@ -142,12 +152,17 @@ def _run_judge_once(request: dict, config: EvalConfig) -> dict:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "cudagym.eval.judge", request_path], stdout=log,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            with _LIVE_LOCK:
+                _LIVE_JUDGES.add(proc)
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 kill_tree(proc.pid)
                 proc.wait()
                 return {"status": "timeout", "reason": f"evaluation exceeded {timeout_s:.0f} s"}
+            finally:
+                with _LIVE_LOCK:
+                    _LIVE_JUDGES.discard(proc)
         result_path = os.path.join(workdir, "result.json")
         if not os.path.exists(result_path):
             tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-1:] if os.path.exists(log_path) else []

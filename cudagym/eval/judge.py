@@ -56,7 +56,7 @@ class CandidateFailed(Exception):
 
 @dataclass
 class Request:
-    mode: str  # "eval" | "baseline" | "audit"
+    mode: str  # "eval" | "baseline" | "warm" (compile only) | "audit"
     ref_code: str
     workdir: str
     candidate_code: str | None = None
@@ -447,6 +447,13 @@ def evaluate(req: Request) -> dict:
     if req.device.startswith("cuda"):
         torch.cuda.set_device(req.device)
     result: dict = {"env": environment(req.device), "timing_mode": req.timing_mode}
+    if req.mode == "warm":  # compile only, to fill the shared caches; nothing is timed
+        ev = Evaluation(req)
+        with gpu_lock(req.lock_path, exclusive=req.exclusive):
+            ev.build_model()
+            sets = [make_inputs(ev.ref, ev.new_seed(), req.device)]
+            result["compile_s"] = compile_reference(ev.model, sets, req.device)[1]
+        return result
     if req.mode == "baseline":
         ev = Evaluation(req)
         with gpu_lock(req.lock_path, exclusive=req.exclusive):

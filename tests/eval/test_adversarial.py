@@ -40,7 +40,7 @@ CUDA_REQUIRED_CLASSES = {"nondefault_stream", "l2_persistence", "stale_output", 
                          "phase_detection", "input_mutation", "background_thread"}
 CUDA_HONEST_REQUIRED = {"add_scale", "matmul", "diag_matmul"}  # problems with a CUDA honest control
 POLICIES = ("strict", "permissive")
-CPU_TIMEOUT_S, CUDA_TIMEOUT_S = 120, 600  # CUDA: nvcc builds (~30 s each) happen inside the candidate's budget
+CALL_TIMEOUT_S = 120  # per call of the candidate; extension builds have EvalConfig.build_timeout_s
 
 HEADER_LINE = re.compile(r"^#\s*([a-z_]+):\s*(.*?)\s*$")
 TAMPER_BEGIN, TAMPER_END = "# >>> cudagym-tamper-marker", "# <<< cudagym-tamper-marker"
@@ -106,8 +106,7 @@ HACKS, HONEST = collect("hack"), collect("honest")
 def evaluate(fx: Fixture):
     from cudagym.eval.evaluate import EvalConfig, evaluate_candidate
 
-    config = EvalConfig(device=fx.device, policy=fx.policy, n_checks=5, time_candidate=True,
-                        timeout_s=CUDA_TIMEOUT_S if fx.device == "cuda" else CPU_TIMEOUT_S)
+    config = EvalConfig(device=fx.device, policy=fx.policy, n_checks=5, time_candidate=True, timeout_s=CALL_TIMEOUT_S)
     return evaluate_candidate(fx.problem_path.read_text(), fx.path.read_text(), config)
 
 
