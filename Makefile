@@ -42,7 +42,7 @@ test: venv
 
 demo: venv
 	mkdir -p out
-	$(BIN)/cudagym eval run examples/submission_cpu --device cpu --levels 1 --db $(DEMO_DB) --name reference-demo
+	$(BIN)/cudagym eval run examples/submission_cpu --problems examples/problems --device cpu --db $(DEMO_DB) --name example-cpu
 	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
 	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)
 

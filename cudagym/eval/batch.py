@@ -64,9 +64,11 @@ def _batch_config(config: EvalConfig, parallel: int) -> EvalConfig:
     if parallel > 1 and not config.compile_threads:
         config = replace(config, compile_threads=max(1, (os.cpu_count() or 1) // parallel))
     if config.device.startswith("cuda") and not config.lock_path:
-        config = replace(config, lock_path=os.path.join(tempfile.gettempdir(), f"cudagym-gpu-{config.device}.lock"))
+        lock_dir = Path(tempfile.gettempdir()) / "cudagym-locks"
+        config = replace(config, lock_path=str(lock_dir / f"gpu-{config.device.replace(':', '')}.lock"))
     if config.lock_path:
-        for suffix in ("", ".turnstile"):
+        Path(config.lock_path).parent.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", ".turnstile", ".memory"):
             Path(config.lock_path + suffix).touch()
     return config
 

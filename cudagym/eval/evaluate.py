@@ -61,6 +61,10 @@ class EvalConfig:
     max_timing_s: float = 10.0
 
     def __post_init__(self):
+        if self.device == "cuda":  # torch.cuda.set_device needs an index
+            object.__setattr__(self, "device", "cuda:0")
+        if self.device != "cpu" and not self.device.startswith("cuda:"):
+            raise ValueError(f"unknown device {self.device!r} (cpu, cuda or cuda:N)")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
         if self.timing_mode not in ("strict", "paper"):
@@ -137,7 +141,9 @@ def _run_judge_once(request: dict, config: EvalConfig) -> dict:
     """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
     timeout_s = config.judge_timeout_s
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
-    request = dict(request, workdir=workdir, writable=_cache_dirs())
+    # The judge writes its workdir, the build caches and (for the shared memory ledger) the lock folder.
+    lock_dir = [str(Path(config.lock_path).parent)] if config.lock_path else []
+    request = dict(request, workdir=workdir, writable=_cache_dirs() + lock_dir)
     request_path = os.path.join(workdir, "request.json")
     with open(request_path, "w") as f:
         json.dump(request, f)

@@ -37,14 +37,23 @@ def _settings() -> dict:
     import torch
     from torch.nn.modules import module as nn_module
 
-    return {
-        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "matmul.allow_fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "matmul.allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "global_hooks": sum(len(v) for k, v in vars(nn_module).items() if k.startswith("_global_") and isinstance(v, dict)),
+    readers = {
+        "matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "matmul.allow_fp16_reduced_precision_reduction":
+            lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "matmul.allow_bf16_reduced_precision_reduction":
+            lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "global_hooks": lambda: sum(len(v) for k, v in vars(nn_module).items() if k.startswith("_global_") and isinstance(v, dict)),
     }
+    settings = {}
+    for name, read in readers.items():
+        try:
+            settings[name] = read()
+        except Exception as exc:  # torch refuses to read a mix of legacy and new precision APIs: that is a change too
+            settings[name] = f"unreadable: {type(exc).__name__}"
+    return settings
 
 
 PRECISION_SETTINGS = {"matmul.allow_tf32", "cudnn.allow_tf32", "float32_matmul_precision",

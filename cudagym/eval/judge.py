@@ -17,7 +17,9 @@ Standard library and torch only (it runs on GPU boxes with nothing else).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
 import json
 import os
 import pickle
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from cudagym.eval import checks
-from cudagym.eval.gpulock import gpu_lock
+from cudagym.eval.gpulock import gpu_lock, memory_reservation
 from cudagym.eval.runner import set_fp32_precision
 from cudagym.eval.timing import Timer, adaptive_reps, profiler_kernel_ms, summarize
 from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
@@ -141,6 +143,22 @@ def reference_fp64(model64, inputs: list) -> list[torch.Tensor] | None:
         return None
 
 
+def footprint_bytes(ref: types.ModuleType, init_args: list) -> int:
+    """What one evaluation may hold on the GPU, judge and runner together: input sets for checks,
+    widened checks, float64 checks and timing, their outputs, weights, and two CUDA contexts."""
+    try:
+        with torch.device("meta"):
+            weights = nbytes(list(ref.Model(*init_args).parameters()))
+        inputs = nbytes(make_inputs(ref, 0, "meta"))
+    except Exception:
+        return 8 * 2**30
+    return 12 * inputs + 4 * weights + 2 * 2**30
+
+
+def memory_budget_bytes(device: str) -> int:
+    return int(0.85 * torch.cuda.mem_get_info(device)[1]) if device.startswith("cuda") else 0
+
+
 def task_dtypes(ref: types.ModuleType, init_args: list) -> set[str]:
     """Dtypes the task itself uses: parameters, buffers and inputs, built on the meta device."""
     tensors = []
@@ -174,9 +192,15 @@ class RunnerProcess:
         parent, child = socket.socketpair()
         workdir = os.path.join(req.workdir, "candidate")
         os.makedirs(workdir, exist_ok=True)
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TMPDIR=workdir)
+        # The candidate writes only its own build directory (keyed by its code, so a re-run reuses the
+        # build), never the shared caches: a planted library there would be loaded by later candidates.
+        ext_dir = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR", os.path.join(req.workdir, "ext")),
+                               "candidate-" + hashlib.sha256((req.candidate_code or "").encode()).hexdigest()[:16])
+        os.makedirs(ext_dir, exist_ok=True)
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TMPDIR=workdir, TORCH_EXTENSIONS_DIR=ext_dir,
+                   TRITON_CACHE_DIR=os.path.join(workdir, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(workdir, "inductor"))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cudagym.eval.runner", str(child.fileno()), workdir, *req.writable],
+            [sys.executable, "-m", "cudagym.eval.runner", str(child.fileno()), workdir, ext_dir],
             pass_fds=[child.fileno()], env=env, cwd=workdir, start_new_session=True,
             stdout=open(os.path.join(workdir, "stdout.log"), "wb"), stderr=subprocess.STDOUT)
         child.close()
@@ -202,8 +226,10 @@ class RunnerProcess:
         except (ValueError, UnicodeDecodeError):
             raise CandidateFailed("rejected", f"malformed reply from the candidate's process during '{what}'",
                                   {"protocol_tamper": ["reply is not JSON"]})
-        if not isinstance(reply, dict):
-            raise CandidateFailed("rejected", "malformed reply", {"protocol_tamper": ["reply is not an object"]})
+        flags = reply.get("flags", {}) if isinstance(reply, dict) else None
+        if not isinstance(flags, dict) or not all(isinstance(k, str) and isinstance(v, list) for k, v in flags.items()):
+            raise CandidateFailed("rejected", f"malformed reply from the candidate's process during '{what}'",
+                                  {"protocol_tamper": ["reply is not a well-formed object"]})
         if not reply.get("ok"):
             raise CandidateFailed(reply.get("status") if reply.get("status") in ("compile_error", "runtime_error", "incorrect")
                                   else "runtime_error", str(reply.get("reason", "failed"))[:500], reply.get("flags") or {},
@@ -216,7 +242,10 @@ class RunnerProcess:
 
         if not self.conn.poll(timeout_s):
             raise CandidateFailed("timeout", "candidate did not send its outputs")
-        outs = torch.load(io.BytesIO(self.conn.recv_bytes()), weights_only=True)
+        try:
+            outs = torch.load(io.BytesIO(self.conn.recv_bytes()), weights_only=True)
+        except Exception:  # anything but a torch.save of tensors: someone else wrote on the channel
+            outs = None
         if not isinstance(outs, list) or any(type(t) is not torch.Tensor for t in outs):
             raise CandidateFailed("rejected", "candidate sent something other than tensors", {"protocol_tamper": ["outputs"]})
         return outs
@@ -254,6 +283,13 @@ class Evaluation:
         self.init_seed = self.rng.getrandbits(63)
         self.model = None
         self._model64 = None
+
+    def reservation(self):
+        """This evaluation's share of the GPU memory budget, held until it ends."""
+        if not self.req.device.startswith("cuda"):
+            return memory_reservation(None, 0, 0)
+        return memory_reservation(self.req.lock_path, footprint_bytes(self.ref, self.init_args),
+                                  memory_budget_bytes(self.req.device))
 
     def build_model(self) -> None:
         """Model with weights from the secret seed, on the device (under the GPU lock)."""
@@ -298,38 +334,56 @@ class Evaluation:
             if reason:
                 raise CandidateFailed("incorrect", f"check {i}: {reason}")
             accepted = checks.accepted_probes(ref, inputs, other_ref, self.tol)
+            wide = self.widened_call(runner, inputs) if accepted or i < FP64_CHECKS else None
             if accepted:
                 self.info.setdefault("degenerate_probes", sorted(set(accepted)))
-                self.check_degenerate(runner, inputs, ref, outs, accepted, i)
-            ref64 = reference_fp64(self.model64(), inputs) if i < FP64_CHECKS else None
-            if ref64 is not None:
-                err, err_ref = checks.precision_error(outs, ref, ref64)
-                self.info["max_rel_err_fp64"] = max(err, self.info.get("max_rel_err_fp64", 0.0))
-                if checks.is_downcast(err, err_ref):
-                    self.add_flags({"precision_downcast": [f"rel. error vs fp64 {err:.2g} (fp32 reference {err_ref:.2g})"]})
+                self.check_degenerate(outs, ref, wide, accepted, i)
+            if i < FP64_CHECKS:
+                # Zero-mean inputs where the candidate handles them: sums of same-sign terms are so
+                # well conditioned that fp16 inputs stay within 1e-5 of the float64 result.
+                usable = wide is not None and checks.compare(wide[2], wide[1], self.tol) is None
+                self.check_precision(*(wide if usable else (inputs, ref, outs)))
             other_ref = ref
-            del inputs, outs
+            del inputs, outs, wide
 
-    def check_degenerate(self, runner, inputs, ref, outs, accepted: list[str], i: int) -> None:
+    def widened_call(self, runner: RunnerProcess, inputs: list):
+        """(inputs, reference, candidate outputs) on the widened domain; None where the reference
+        itself is undefined there (log, sqrt, ...)."""
+        wide = widened(inputs, self.new_seed())
+        wide_ref = run_reference(self.model, wide)
+        if not all(bool(torch.isfinite(r).all()) for r in wide_ref if r.is_floating_point()):
+            return None
+        wide_outs, _ = self.call_candidate(runner, wide, wide_ref, guard=False)
+        return wide, wide_ref, wide_outs
+
+    def check_degenerate(self, outs, ref, wide, accepted: list[str], i: int) -> None:
         """The problem's tolerance check accepts a trivial answer: demand more than it does."""
         err = checks.rel_l2(outs, ref)
         if err > self.tol.rtol:
             self.add_flags({"degenerate_output": [f"check {i}: rel. L2 error {err:.2g} (problem accepts {', '.join(accepted)})"]})
             return
-        wide = widened(inputs, self.new_seed())
-        wide_ref = run_reference(self.model, wide)
-        if not all(bool(torch.isfinite(r).all()) for r in wide_ref if r.is_floating_point()):
-            return  # the reference itself is undefined off its domain (log, sqrt, ...)
-        wide_outs, _ = self.call_candidate(runner, wide, wide_ref, guard=False)
+        if wide is None:
+            return
+        _, wide_ref, wide_outs = wide
         reason = checks.compare(wide_outs, wide_ref, self.tol)
         wide_err = checks.rel_l2(wide_outs, wide_ref)
         if reason or wide_err > self.tol.rtol:
             self.add_flags({"degenerate_output": [f"wrong on widened inputs ({reason or f'rel. L2 error {wide_err:.2g}'}); "
                                                   f"problem accepts {', '.join(accepted)}"]})
 
+    def check_precision(self, inputs: list, ref: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        ref64 = reference_fp64(self.model64(), inputs)
+        if ref64 is None:
+            return
+        err, err_ref = checks.precision_error(outs, ref, ref64)
+        self.info["max_rel_err_fp64"] = max(err, self.info.get("max_rel_err_fp64", 0.0))
+        if checks.is_downcast(err, err_ref):
+            self.add_flags({"precision_downcast": [f"rel. error vs fp64 {err:.2g} (fp32 reference {err_ref:.2g})"]})
+
     def timing_sets(self) -> tuple[list[list], list[list[torch.Tensor]]]:
         first = make_inputs(self.ref, self.new_seed(), self.req.device)
-        n_sets = max(1, min(4, TIMING_INPUT_BUDGET_BYTES // max(1, nbytes(first))))
+        # At least two sets, so the same buffer never holds the same inputs twice in a row.
+        n_sets = max(2, min(4, TIMING_INPUT_BUDGET_BYTES // max(1, nbytes(first))))
         sets = [first] + [make_inputs(self.ref, self.new_seed(), self.req.device) for _ in range(n_sets - 1)]
         return sets, [run_reference(self.model, s) for s in sets]
 
@@ -338,7 +392,7 @@ class Evaluation:
         timer = Timer(self.req.device)
         runner.request(self.req.call_timeout_s, op="set_timing_inputs", sets=sets)
         if self.req.timing_mode == "paper":
-            ms = runner.request(self.req.call_timeout_s, op="paper", index=0)["ms"]
+            ms = reply_ms(runner.request(self.req.call_timeout_s, op="paper"))
             eager = profiler_kernel_ms(lambda: self.model(*sets[0])) if runner.cuda else None
             return {"t_candidate_ms": ms, "t_eager_ms": eager, "timing": {"reps": 10}}
         empty = []
@@ -350,22 +404,22 @@ class Evaluation:
 
         def rep(i: int) -> float:
             nonlocal n_checked
+            slot, content = rep_layout(i, len(sets))
             t0 = time.perf_counter()
-            ms = runner.request(self.req.call_timeout_s, op="rep", index=i)["ms"]
+            ms = reply_ms(runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content))
             walls.append((time.perf_counter() - t0) * 1e3)
-            if not isinstance(ms, (int, float)) or not ms >= 0:
-                raise CandidateFailed("rejected", "timer returned a non-time", {"timer_tamper": [repr(ms)[:50]]})
             if i == 0 or self.rng.random() < TIMED_OUTPUT_CHECK_P:
-                self.check_timed_output(runner, refs[i % len(sets)], i)
+                self.check_timed_output(runner, refs[content], i)
                 n_checked += 1
             if self.req.eager_baseline:
                 with torch.no_grad():
                     timer.flush()
-                    eager_times.append(timer.time_ms(lambda: self.model(*sets[i % len(sets)]))[0])
-            return float(ms)
+                    eager_times.append(timer.time_ms(lambda: self.model(*sets[content]))[0])
+            return ms
 
         times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
-        self.check_timed_output(runner, refs[(len(times) - 1) % len(sets)], len(times) - 1, rerun=True)
+        last = len(times) - 1
+        self.check_timed_output(runner, refs[rep_layout(last, len(sets))[1]], last, rerun=rep_layout(last, len(sets)))
         stats = summarize(times)
         # The runner's clock is the candidate's to tamper with; the judge's wall clock is not. A rep
         # can't take less than its wall time minus the cost of an empty rep, give or take jitter.
@@ -379,9 +433,11 @@ class Evaluation:
             result["timing"]["eager_iqr_ms"] = summarize(eager_times)["iqr_ms"]
         return result
 
-    def check_timed_output(self, runner: RunnerProcess, ref: list[torch.Tensor], i: int, rerun: bool = False) -> None:
+    def check_timed_output(self, runner: RunnerProcess, ref: list[torch.Tensor], i: int,
+                           rerun: tuple[int, int] | None = None) -> None:
         if rerun:  # the last timed call, run once more so its output is the one on record
-            runner.request(self.req.call_timeout_s, op="rep", index=i)
+            slot, content = rerun
+            runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content)
         buffers = [torch.full_like(r, float("nan")) if r.is_floating_point() else torch.empty_like(r) for r in ref] \
             if runner.cuda else None
         reply = runner.request(self.req.call_timeout_s, op="last_output", buffers=buffers)
@@ -402,6 +458,20 @@ def compile_reference(model, sets: list[list], device: str) -> tuple[object, flo
         compiled(*sets[0])
     Timer(device).sync()
     return compiled, time.perf_counter() - t0
+
+
+def rep_layout(i: int, n_sets: int) -> tuple[int, int]:
+    """(slot, input set) of timed rep i: two buffers, and each one's contents change between its uses."""
+    slot = i % 2
+    return slot, (i // 2 + slot) % n_sets
+
+
+def reply_ms(reply: dict) -> float:
+    """A time from the candidate's process, which must at least look like one."""
+    ms = reply.get("ms")
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1e7:
+        raise CandidateFailed("rejected", "timer returned a non-time", {"timer_tamper": [repr(ms)[:50]]})
+    return float(ms)
 
 
 def time_reference(model, compiled, sets: list[list], device: str, timing_mode: str, req: Request) -> dict:
@@ -449,26 +519,29 @@ def evaluate(req: Request) -> dict:
     result: dict = {"env": environment(req.device), "timing_mode": req.timing_mode}
     if req.mode == "warm":  # compile only, to fill the shared caches; nothing is timed
         ev = Evaluation(req)
-        with gpu_lock(req.lock_path, exclusive=req.exclusive):
+        with ev.reservation(), gpu_lock(req.lock_path, exclusive=req.exclusive):
             ev.build_model()
             sets = [make_inputs(ev.ref, ev.new_seed(), req.device)]
             result["compile_s"] = compile_reference(ev.model, sets, req.device)[1]
         return result
     if req.mode == "baseline":
         ev = Evaluation(req)
-        with gpu_lock(req.lock_path, exclusive=req.exclusive):
-            ev.build_model()
-            sets, _ = ev.timing_sets()
-            compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device) if req.compile_baseline else (None, None)
-        with gpu_lock(req.lock_path, exclusive=True):
-            result.update(time_reference(ev.model, compiled, sets, req.device, req.timing_mode, req))
+        with ev.reservation():
+            with gpu_lock(req.lock_path, exclusive=req.exclusive):
+                ev.build_model()
+                sets, _ = ev.timing_sets()
+                compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device) if req.compile_baseline else (None, None)
+            with gpu_lock(req.lock_path, exclusive=True):
+                result.update(time_reference(ev.model, compiled, sets, req.device, req.timing_mode, req))
         return result
     if req.mode == "audit":
-        with gpu_lock(req.lock_path, exclusive=req.exclusive):
-            return {**result, **audit(req)}
+        ev = Evaluation(req)
+        with ev.reservation(), gpu_lock(req.lock_path, exclusive=req.exclusive):
+            return {**result, **audit(ev)}
     runner = RunnerProcess(req)  # starts importing torch while the reference loads
     ev = Evaluation(req)
     phase_s, t0 = {}, time.perf_counter()
+    stack = contextlib.ExitStack()
     try:
         # Importing the candidate builds its extension: CPU work, outside the GPU lock.
         reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, device=req.device,
@@ -476,6 +549,8 @@ def evaluate(req: Request) -> dict:
         result["env"]["sandbox"] = reply.get("sandbox")
         ev.add_flags(reply.get("flags"))
         phase_s["load"], t0 = time.perf_counter() - t0, time.perf_counter()
+        stack.enter_context(ev.reservation())
+        phase_s["wait_memory"], t0 = time.perf_counter() - t0, time.perf_counter()
         with gpu_lock(req.lock_path, exclusive=req.exclusive):
             ev.build_model()
             reply = runner.request(req.call_timeout_s, op="init", init_args=ev.init_args, state_dict=ev.model.state_dict(),
@@ -509,15 +584,16 @@ def evaluate(req: Request) -> dict:
         result.pop("t_candidate_ms", None)
     finally:
         runner.close()
+        stack.close()
     result["flags"] = sorted(ev.flags)
     result["flag_details"] = ev.flags
     result["info"] = dict(ev.info, phase_s={k: round(v, 2) for k, v in phase_s.items()})
     return result
 
 
-def audit(req: Request) -> dict:
+def audit(ev: Evaluation) -> dict:
     """Which degenerate probes this problem's check accepts, on every one of n_checks (>= 2) input sets."""
-    ev = Evaluation(req)
+    req = ev.req
     ev.build_model()
     accepted_all, other_ref = set(checks.PROBES), None
     for _ in range(max(2, req.n_checks)):
@@ -543,8 +619,8 @@ def main(argv: list[str]) -> int:
     try:
         result = evaluate(req)
         result.setdefault("env", {})["judge_sandbox"] = sandbox
-    except Exception as exc:  # the reference itself failed: not the candidate's fault, but still a verdict
-        result = {"status": "runtime_error", "reason": f"reference failed: {type(exc).__name__}: {exc}"[:500],
+    except Exception as exc:  # the reference or the harness failed: not a verdict on the candidate, but still a verdict
+        result = {"status": "runtime_error", "reason": f"evaluation failed: {type(exc).__name__}: {exc}"[:500],
                   "judge_error": True, "trace": traceback.format_exc()[-3000:]}
     with open(result_path, "w") as f:
         json.dump(result, f)

@@ -31,7 +31,8 @@ class Runner:
     def __init__(self, conn, sandbox: str):
         self.conn, self.sandbox = conn, sandbox
         self.model = None
-        self.timing_sets: list[list] = []
+        self.timing_sources: list[list] = []
+        self.timing_slots: list[list] = []
         self.last_out = None
 
     def reply(self, **msg) -> None:
@@ -112,27 +113,41 @@ class Runner:
         from cudagym.eval.guard import OpRecord, make_guard
 
         record = OpRecord()
+        # On CUDA, guarded calls get the judge's shared copy, so the judge sees any write to it
+        # itself; every other call works on private memory, like timed calls. Either way this
+        # process compares the inputs it passed with a copy taken before (CPU inputs arrive by
+        # value, so here is the only place a write can be seen).
+        passed = inputs if guard and self.device.startswith("cuda") else _private(inputs)
+        pristine = _private(passed)
         with torch.no_grad():
-            if guard:  # on the judge's shared copy: the judge sees any write to it
+            if guard:
                 with make_guard(record):
-                    out = self.model(*inputs)
-            else:  # on private memory, like timed calls
-                out = self.model(*_private(inputs))
+                    out = self.model(*passed)
+            else:
+                out = self.model(*passed)
             self.timer.sync()
         flags = self.snapshot.changes()
         flags.update(record.violations(self.policy, self.task_dtypes))
+        flags.update(_input_writes(passed, pristine))
         self._send_outputs(out, buffers, flags, ops=sorted(record.python_calls | record.cpp_aten)[:50])
 
     def op_set_timing_inputs(self, sets: list[list]) -> None:
-        # Private copies: memory this process allocated, as the judge's eager reference uses its own
-        # (inputs mapped from another process can run measurably slower).
-        self.timing_sets = [_private(s) for s in sets]
+        """Keep the judge's input sets as sources, and two private slots (memory this process
+        allocated, as the judge's eager reference uses its own; inputs mapped from another process
+        can run measurably slower)."""
+        self.timing_sources = sets
+        self.timing_slots = [_private(sets[0]), _private(sets[0])]
         self.reply(ok=True)
 
-    def op_rep(self, index: int) -> None:
+    def op_rep(self, slot: int, content: int) -> None:
+        """Load input set `content` into `slot` (outside the timed region), then time one call.
+        The judge alternates contents under each slot, so a cache keyed on buffer addresses is stale."""
         import torch
 
-        inputs = self.timing_sets[index % len(self.timing_sets)]
+        inputs = self.timing_slots[slot]
+        for dst, src in zip(inputs, self.timing_sources[content]):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
         self.timer.flush()
         with torch.no_grad():
             ms, self.last_out = self.timer.time_ms(lambda: self.model(*inputs))
@@ -148,12 +163,12 @@ class Runner:
         out, self.last_out = self.last_out, None
         self._send_outputs(out, buffers, self.snapshot.changes(), ops=[])
 
-    def op_paper(self, index: int) -> None:
+    def op_paper(self) -> None:
         import torch
 
         from cudagym.eval.timing import profiler_kernel_ms
 
-        inputs = self.timing_sets[index % len(self.timing_sets)]
+        inputs = self.timing_slots[0]
         with torch.no_grad():
             ms = profiler_kernel_ms(lambda: self.model(*inputs))
         self.reply(ok=True, ms=ms)
@@ -184,6 +199,16 @@ class Runner:
             buf.copy_(t)
         self.timer.sync()
         self.reply(ok=True, flags=flags, ops=ops)
+
+
+def _input_writes(passed: list, pristine: list) -> dict:
+    """`input_mutation` if the call changed an input. (Returning an input's buffer unchanged is
+    fine: a reference may return a view of its input.)"""
+    import torch
+
+    details = [f"input {i} changed" for i, (x, p) in enumerate(zip(passed, pristine))
+               if isinstance(x, torch.Tensor) and not torch.equal(x, p)]
+    return {"input_mutation": details} if details else {}
 
 
 def _private(inputs: list) -> list:

@@ -140,7 +140,11 @@ THREADING = ("threading", "_thread", "multiprocessing", "torch.multiprocessing",
              "builtins.quit", "builtins.SystemExit", "builtins.KeyboardInterrupt")  # ...and ending the process
 INTROSPECTION = ("gc", "inspect", "traceback", "sys._getframe", "sys._current_frames", "sys.settrace",
                  "sys.setprofile", "sys.gettrace", "sys.getprofile", "sys.modules", "sys.exc_info",
-                 "builtins.globals", "builtins.locals", "ctypes.pythonapi")
+                 "builtins.globals", "builtins.locals", "ctypes.pythonapi",
+                 # Asking whether an op recorder or profiler is active is how a kernel behaves only when watched.
+                 "torch._C._*dispatch*", "torch._C._*mode*", "torch._C._*profiler*", "torch._C._autograd*",
+                 "torch._C._len_torch_*", "torch.overrides._*", "torch.utils._python_dispatch*",
+                 "torch._C._get_tracing_state", "torch.autograd.profiler._*")
 FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame",
                "cr_frame", "ag_frame", "__closure__", "__globals__", "__code__", "__subclasses__", "__mro__",
                "__bases__"}

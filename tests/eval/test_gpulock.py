@@ -3,6 +3,7 @@ blocks new readers (writer preference)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -112,3 +113,38 @@ def test_waiting_writer_blocks_new_readers(lock, tmp_path):
     finish(writer)
     finish(reader2)
     assert t_reader2 >= t_writer + 0.45  # the writer went first and held it for its 0.5 s
+
+
+MEMORY_HOLDER = """
+import sys, time
+from cudagym.eval.gpulock import memory_reservation
+path, n, hold, marker = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+with memory_reservation(path, n, budget_bytes=100, poll_s=0.05):
+    open(marker, "w").write(repr(time.time()))
+    time.sleep(hold)
+"""
+
+
+def test_memory_reservations_that_do_not_fit_together_run_one_after_the_other(tmp_path):
+    lock = str(tmp_path / "gpu.lock")
+    first = subprocess.Popen([sys.executable, "-c", MEMORY_HOLDER, lock, "60", "1.0", str(tmp_path / "a")])
+    time.sleep(0.4)  # the first holds 60 of 100
+    t_start = time.time()
+    second = subprocess.run([sys.executable, "-c", MEMORY_HOLDER, lock, "60", "0", str(tmp_path / "b")], timeout=30)
+    first.wait(timeout=30)
+    assert second.returncode == 0 and first.returncode == 0
+    admitted_second = float((tmp_path / "b").read_text())
+    admitted_first = float((tmp_path / "a").read_text())
+    assert admitted_second >= admitted_first + 0.9, "the second was admitted while the first still held its share"
+    assert admitted_second > t_start
+
+
+def test_a_reservation_that_fits_is_admitted_at_once_and_a_dead_holder_frees_its_share(tmp_path):
+    lock = str(tmp_path / "gpu.lock")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "gpu.lock.memory").write_text(json.dumps({str(dead.pid): 90}))  # left by a killed judge
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", MEMORY_HOLDER, lock, "60", "0", str(tmp_path / "c")], timeout=30, check=True)
+    assert float((tmp_path / "c").read_text()) - t0 < 5
+    assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
