@@ -242,6 +242,76 @@ def cmd_kernelbench_list(args) -> int:
     return 0
 
 
+def _dedup_tasks(path: str):
+    """Tasks to check: a directory of *.py files (id = file name) or a JSONL/parquet file of rows with
+    code and an id or name column."""
+    from cudagym.tasks import Task, read_rows
+
+    source = Path(path)
+    if source.is_dir():
+        files = sorted(source.glob("*.py"))
+        if not files:
+            raise UsageError(f"no .py files in {source}")
+        return [Task(id=f.name, name=f.stem, code=f.read_text(), source=str(f)) for f in files]
+    if not source.is_file():
+        raise UsageError(f"no such file or directory: {source}")
+    if source.suffix not in (".jsonl", ".json", ".parquet"):
+        raise UsageError(f"{source}: expected a directory of .py files, a .jsonl or a .parquet file")
+    tasks = []
+    for n, row in enumerate(read_rows(source)):
+        ident = row.get("id", row.get("name"))
+        if not isinstance(row.get("code"), str) or ident is None:
+            raise UsageError(f"{source}: row {n} needs a code column and an id or name column")
+        tasks.append(Task(id=str(ident), name=str(row.get("name", ident)), code=row["code"],
+                          level=row.get("level"), source=str(source)))
+    if not tasks:
+        raise UsageError(f"{source}: no rows")
+    return tasks
+
+
+def cmd_dedup_score(args) -> int:
+    from cudagym.dedup.parity import parity_score
+    from cudagym.dedup.strong import strong_score
+
+    codes = []
+    for path in (Path(args.a), Path(args.b)):
+        if not path.is_file():
+            raise UsageError(f"no such file: {path}")
+        code = path.read_text()
+        try:
+            compile(code, str(path), "exec")
+        except SyntaxError as e:
+            raise UsageError(f"{path}: syntax error at line {e.lineno}: {e.msg}") from None
+        codes.append(code)
+    result = {"parity": parity_score(*codes), "strong": strong_score(*codes)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table([result], ["parity", "strong"], f"{args.a} vs {args.b}")
+    return 0
+
+
+def cmd_dedup_check(args) -> int:
+    from cudagym.dedup.decontaminate import check_against
+    from cudagym.kernelbench import load_problems
+
+    tasks = _dedup_tasks(args.input)
+    references = load_problems(args.kb_version, args.levels)
+    rows = check_against(tasks, references, parity_threshold=args.parity_threshold,
+                         strong_threshold=args.strong_threshold, workers=args.workers)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    flagged = [r for r in rows if r["flagged"]]
+    if flagged:
+        _print_table(flagged, ["id", "parity_max", "parity_match", "strong_max", "strong_match"],
+                     f"flagged against KernelBench {args.kb_version} levels {','.join(map(str, args.levels))}")
+    errors = sum("error" in r for r in rows)
+    print(f"{len(flagged)} of {len(rows)} tasks flagged (parity > {args.parity_threshold} or strong >= "
+          f"{args.strong_threshold})" + (f"; {errors} did not parse" if errors else ""))
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 1 (argparse's default is usage text and exit 2)
@@ -323,6 +393,24 @@ def build_parser() -> argparse.ArgumentParser:
     kbl = kb.add_parser("list", help="list problems")
     _add_selection(kbl, problems=False)
     kbl.set_defaults(func=cmd_kernelbench_list)
+
+    dd = sub.add_parser("dedup", help="contamination and similarity scores").add_subparsers(dest="sub", required=True,
+                                                                                           parser_class=_Parser)
+    dds = dd.add_parser("score", help="parity and strong similarity of two sources")
+    dds.add_argument("a")
+    dds.add_argument("b")
+    dds.add_argument("--json", action="store_true")
+    dds.set_defaults(func=cmd_dedup_score)
+    ddc = dd.add_parser("check", help="score tasks against KernelBench; flag (near-)copies")
+    ddc.add_argument("input", help="a directory of .py files, or a JSONL/parquet file with code and id or name")
+    ddc.add_argument("--against", default="kernelbench", choices=["kernelbench"], help="reference problems")
+    ddc.add_argument("--levels", type=_levels, default=None, help="comma-separated levels (default 1,2,3)")
+    ddc.add_argument("--kb-version", default=None, help="KernelBench version: v0, v0.1 (default), latest")
+    ddc.add_argument("--parity-threshold", type=float, default=0.9, help="flag when parity > this (default 0.9)")
+    ddc.add_argument("--strong-threshold", type=float, default=0.9, help="flag when strong >= this (default 0.9)")
+    ddc.add_argument("--workers", type=int, default=None, help="processes (default: one per CPU for large inputs)")
+    ddc.add_argument("--json", action="store_true", help="print every task's row as a JSON list")
+    ddc.set_defaults(func=cmd_dedup_check)
     return parser
 
 

@@ -68,6 +68,7 @@ class Structures:
     def __init__(self) -> None:
         self._ids: dict[tuple, int] = {}
         self._kinds: dict[str, int] = {}
+        self._type_kind: dict[type, int] = {}
         self.kind_weight: list[float] = []  # w(type) by kind id
         self.kind: list[int] = []
         self.children: list[tuple[int, ...]] = []
@@ -81,18 +82,32 @@ class Structures:
             self.kind_weight.append(ROOT_WEIGHT.get(name, 1.0))
         return kind
 
-    def intern(self, node: ast.AST, ids: dict[int, int]) -> int:
-        """The structure id of `node`; fills `ids` (id(node) -> structure id) for its subtree."""
-        child_ids = tuple(self.intern(child, ids) for child in ast.iter_child_nodes(node))
-        kind = self.kind_id(type(node).__name__)
-        key = (kind, child_ids)
+    def intern(self, node: ast.AST, preorder: list[int], significant: list[tuple]) -> int:
+        """The structure id of `node`. Appends the kind of every node of its subtree to `preorder`
+        (pre-order) and (start, end, id, type name) of each significant subtree to `significant`."""
+        kind = self._type_kind.get(type(node))
+        if kind is None:
+            kind = self._type_kind[type(node)] = self.kind_id(type(node).__name__)
+        start = len(preorder)
+        preorder.append(kind)
+        child_ids = []
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, ast.AST):
+                child_ids.append(self.intern(value, preorder, significant))
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        child_ids.append(self.intern(item, preorder, significant))
+        key = (kind, tuple(child_ids))
         sid = self._ids.get(key)
         if sid is None:
             sid = self._ids[key] = len(self.kind)
             self.kind.append(kind)
-            self.children.append(child_ids)
+            self.children.append(key[1])
             self.size.append(1 + sum(self.size[c] for c in child_ids))
-        ids[id(node)] = sid
+        if isinstance(node, SIGNIFICANT):
+            significant.append((start, len(preorder), sid, type(node).__name__))
         return sid
 
     def match(self, a: int, b: int) -> int:
@@ -120,20 +135,18 @@ class Structures:
         """Features of a source (or a parsed module); SyntaxError / RecursionError propagate."""
         tree = ast.parse(code) if isinstance(code, str) else code
         root = model_class(tree) or tree
-        ids: dict[int, int] = {}
-        self.intern(root, ids)
+        preorder: list[int] = []
+        significant: list[tuple] = []
+        self.intern(root, preorder, significant)
         roots, groups, bag = [], {}, Counter()
         denominator = 0.0
-        for node in ast.walk(root):
-            if not isinstance(node, SIGNIFICANT):
-                continue
-            sid = ids[id(node)]
-            name = type(node).__name__
-            group = (self.kind_id(name), len(self.children[sid]))
+        for start, end, sid, name in significant:
+            group = (self.kind[sid], len(self.children[sid]))
             roots.append(sid)
             groups.setdefault(group, []).append(sid)
             denominator += ROOT_WEIGHT.get(name, 1.0) * self.size[sid]
-            bag.update((*group, self.kind_id(type(n).__name__)) for n in ast.walk(node))
+            for kind, count in Counter(preorder[start:end]).items():
+                bag[(*group, kind)] += count
         return ParityFeatures(tuple(roots), denominator, {g: tuple(r) for g, r in groups.items()}, dict(bag))
 
     def similarity(self, a: ParityFeatures, b: ParityFeatures) -> float:

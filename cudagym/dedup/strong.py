@@ -81,31 +81,32 @@ class Normalized:
     text: str  # canonical source (ast.unparse of the normalised tree)
     tokens: tuple[str, ...]
     ops: tuple[str, ...]  # forward's operator sequence
-    ctor: dict  # torch.nn constructor name -> count
-
-    @property
-    def shingles(self) -> list[tuple]:
-        """The token shingles as a set-ready list: the k-th repeat of a shingle is (shingle, k)."""
-        return multiset_shingles(self.tokens)
+    ctor: dict  # torch.nn constructor key -> count
+    shingles: tuple  # multiset_shingles(tokens): distinct elements, the k-th repeat of a shingle is (shingle, k)
 
 
-def multiset_shingles(tokens: Sequence[str], k: int = SHINGLE) -> list[tuple]:
-    grams = [tuple(tokens[i:i + k]) for i in range(max(1, len(tokens) - k + 1))] if tokens else []
-    seen: Counter = Counter()
+def multiset_shingles(tokens: Sequence[str], k: int = SHINGLE) -> tuple:
+    """`k`-token shingles as set elements that keep multiplicity: (shingle, how many times it came before)."""
+    if len(tokens) < k:
+        return ((tuple(tokens), 0),) if tokens else ()
+    seen: dict[tuple, int] = {}
     out = []
-    for g in grams:
-        out.append((g, seen[g]))
-        seen[g] += 1
-    return out
+    for gram in zip(*(tokens[i:] for i in range(k))):
+        count = seen.get(gram, 0)
+        seen[gram] = count + 1
+        out.append((gram, count))
+    return tuple(out)
 
 
 def normalize(code: str | ast.Module) -> Normalized:
     """Normalise a source (or a parsed module, which is modified in place). SyntaxError propagates."""
     tree = ast.parse(code) if isinstance(code, str) else code
-    _Renamer(tree).run()
+    renamer = _Renamer(tree)
+    renamer.run()
     text = ast.unparse(tree)
-    ops, ctor = _operators(tree)
-    return Normalized(text, tuple(_TOKEN.findall(text)), tuple(ops), dict(ctor))
+    ops = _operators(tree, renamer.modules)
+    tokens = tuple(_TOKEN.findall(text))
+    return Normalized(text, tokens, tuple(ops), dict(renamer.ctor), multiset_shingles(tokens))
 
 
 def strong_score(code_a: str, code_b: str) -> float:
@@ -168,9 +169,8 @@ class StrongIndex:
         postings: list[list[int]] = []
         self._n_shingles = np.zeros(n)
         for i, ref in enumerate(self.refs):
-            elements = set(ref.shingles)
-            self._n_shingles[i] = len(elements)
-            for e in elements:
+            self._n_shingles[i] = len(ref.shingles)
+            for e in ref.shingles:
                 sid = self._shingle_ids.setdefault(e, len(postings))
                 if sid == len(postings):
                     postings.append([])
@@ -192,8 +192,9 @@ class StrongIndex:
 
     def jaccards(self, n: Normalized) -> np.ndarray:
         """Exact token-shingle Jaccard against every reference."""
-        elements = set(n.shingles)
-        hits = [self._postings[sid] for e in elements if (sid := self._shingle_ids.get(e)) is not None]
+        elements = n.shingles  # distinct by construction
+        ids = self._shingle_ids
+        hits = [self._postings[sid] for e in elements if (sid := ids.get(e)) is not None]
         inter = np.bincount(np.concatenate(hits), minlength=len(self.refs)) if hits else np.zeros(len(self.refs))
         union = len(elements) + self._n_shingles - inter
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -249,34 +250,141 @@ class StrongIndex:
 
 
 # -- normalisation ----------------------------------------------------------------------------------
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(node: ast.AST) -> tuple[str, ...]:
+    fields = _FIELDS.get(type(node))
+    if fields is None:
+        fields = _FIELDS[type(node)] = type(node)._fields
+    return fields
+
+
+def _children(node: ast.AST) -> list[ast.AST]:
+    """`ast.iter_child_nodes`, as a list (faster)."""
+    out = []
+    for f in _fields(node):
+        v = getattr(node, f, None)
+        if isinstance(v, ast.AST):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(x for x in v if isinstance(x, ast.AST))
+    return out
+
+
 class _Scope:
     """A function's (or lambda's) local names, numbered by first occurrence."""
 
     def __init__(self, bound: set[str], parent: _Scope | None) -> None:
         self.bound, self.parent = bound, parent
         self.names: dict[str, str] = {}
+        self._count = 0
 
     def local(self, name: str) -> str:
         new = self.names.get(name)
         if new is None:
-            new = self.names[name] = name if _fixed(name) else f"_l{sum(not _fixed(n) for n in self.names)}"
+            if _fixed(name):
+                new = name
+            else:
+                new, self._count = f"_l{self._count}", self._count + 1
+            self.names[name] = new
         return new
 
 
+class _Frame:
+    """What the collection pass learns about one function: its local and declared-global names."""
+
+    __slots__ = ("bound", "declared", "self_name")
+
+    def __init__(self, bound: set[str], self_name: str | None) -> None:
+        self.bound, self.declared, self.self_name = bound, set(), self_name
+
+
 class _Renamer:
-    """Rewrites a module in place into its normal form (see the module docstring)."""
+    """Rewrites a module in place into its normal form (see the module docstring), and records the
+    `torch.nn` constructors it meets and the modules stored on `Model`'s attributes."""
 
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
-        self.aliases = _aliases(tree)
-        self.module_bound = _module_bound(tree) - set(self.aliases)
-        self.attr_names = _attribute_names(tree)
-        self.params = _callable_params(tree)  # module-local callable -> parameter names (self dropped)
+        self.aliases: dict[str, str] = {}
+        self.module_bound: set[str] = set()
+        self.attr_names: set[str] = set()
+        self.params: dict[str, list[str]] = {}  # module-local callable -> parameter names (self dropped)
+        self.frames: dict[int, _Frame] = {}  # id(function node) -> its frame
+        self._collect_body(tree.body, None, in_class=False)
+        self.module_bound -= set(self.aliases)
+        self.attr_names = {n for n in self.attr_names if not _fixed(n)}
         self.globals: dict[str, str] = {}
         self.attrs: dict[str, str] = {}
+        self.ctor: Counter = Counter()
+        self.modules: dict[str, str] = {}  # Model attribute (renamed) -> op of the module stored there
+        self._class: str | None = None
 
     def run(self) -> None:
-        self._visit(self.tree, None)
+        self._visit_fields(self.tree, None)
+
+    # collection: one pass over the original tree
+    def _collect_body(self, body: list, frame: _Frame | None, in_class: bool) -> None:
+        for stmt in body:
+            self._collect(stmt, frame, in_class)
+
+    def _bind(self, name: str, frame: _Frame | None, in_class: bool) -> None:
+        if in_class:
+            self.attr_names.add(name)
+        elif frame is None:
+            self.module_bound.add(name)
+        else:
+            frame.bound.add(name)
+
+    def _collect(self, node: ast.AST, frame: _Frame | None, in_class: bool) -> None:
+        kind = type(node)
+        if kind is ast.Name:
+            if type(node.ctx) is not ast.Load:
+                self._bind(node.id, frame, in_class)
+            return
+        if kind is ast.Attribute:
+            if type(node.ctx) is not ast.Load and isinstance(node.value, ast.Name) and (
+                    node.value.id == "self" or (frame is not None and node.value.id == frame.self_name)):
+                self.attr_names.add(node.attr)
+            self._collect(node.value, frame, in_class)
+            return
+        if kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+            args = _all_args(node.args)
+            for child in (*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)):
+                self._collect(child, frame, in_class)
+            inner = _Frame({a.arg for a in args}, args[0].arg if in_class and args else None)
+            self.frames[id(node)] = inner
+            if kind is ast.Lambda:
+                self._collect(node.body, inner, False)
+                return
+            for d in node.decorator_list:
+                self._collect(d, frame, in_class)
+            self._bind(node.name, frame, in_class)
+            if frame is None and not in_class:
+                self.params[node.name] = [a.arg for a in args]
+            self._collect_body(node.body, inner, in_class=False)
+            return
+        if kind is ast.ClassDef:
+            for child in (*node.bases, *node.keywords, *node.decorator_list):
+                self._collect(child, frame, in_class)
+            self._bind(node.name, frame, in_class)
+            if frame is None and not in_class:
+                for stmt in node.body:
+                    if isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
+                        self.params[node.name] = [a.arg for a in _all_args(stmt.args)][1:]
+            self._collect_body([s for s in node.body if not _is_docstring(s)], frame, in_class=True)
+            return
+        if kind in (ast.Import, ast.ImportFrom):
+            self.aliases.update(_aliases(node))
+            return
+        if kind in (ast.Global, ast.Nonlocal):
+            if frame is not None:
+                frame.declared.update(node.names)
+            return
+        if kind is ast.ExceptHandler and node.name:
+            self._bind(node.name, frame, in_class)
+        for child in _children(node):
+            self._collect(child, frame, in_class)
 
     # name resolution
     def _lookup(self, name: str, scope: _Scope | None) -> str:
@@ -291,11 +399,12 @@ class _Renamer:
         return self.aliases.get(name, name)
 
     def _attr(self, name: str) -> str:
-        if _fixed(name) or name not in self.attr_names:
+        if name not in self.attr_names:
             return name
         return self.attrs.setdefault(name, f"_a{len(self.attrs)}")
 
-    def _is_local(self, name: str, scope: _Scope | None) -> bool:
+    @staticmethod
+    def _is_local(name: str, scope: _Scope | None) -> bool:
         while scope is not None:
             if name in scope.names or name in scope.bound:
                 return True
@@ -309,7 +418,8 @@ class _Renamer:
             node.id = self._lookup(node.id, scope)
             return node
         if kind is ast.Constant:
-            if isinstance(node.value, (int, float, complex)) and not isinstance(node.value, bool):
+            value = node.value
+            if isinstance(value, (int, float, complex)) and not isinstance(value, bool):
                 return ast.Name(id=NUMBER, ctx=ast.Load())
             return node
         if kind is ast.Attribute:
@@ -324,12 +434,16 @@ class _Renamer:
         if kind is ast.ClassDef:
             return self._visit_class(node, scope)
         self._visit_fields(node, scope)
+        if kind is ast.Assign and self._class == "Model" and type(node.value) is ast.Call:
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and _is_self(target.value):
+                    name = _dotted(node.value.func)
+                    self.modules[target.attr] = canonical_op(name) if name else "call"
         return node
 
     def _visit_fields(self, node: ast.AST, scope: _Scope | None, only: str | None = None) -> None:
-        for field, value in ast.iter_fields(node):
-            if only is not None and field != only:
-                continue
+        for field in ((only,) if only else _fields(node)):
+            value = getattr(node, field, None)
             if isinstance(value, list):
                 if value and isinstance(value[0], ast.stmt):
                     value = [s for s in value if not _is_docstring(s) and not isinstance(s, (ast.Import, ast.ImportFrom))]
@@ -342,15 +456,20 @@ class _Renamer:
     def _visit_call(self, node: ast.Call, scope: _Scope | None) -> ast.AST:
         callee = node.func
         params = None
-        if isinstance(callee, ast.Name) and not self._is_local(callee.id, scope):
-            params = self.params.get(callee.id)
-        if isinstance(callee, ast.Name) and callee.id == "super":
-            node.args = []
+        if type(callee) is ast.Name:
+            if not self._is_local(callee.id, scope):
+                params = self.params.get(callee.id)
+            if callee.id == "super":
+                node.args = []
         self._visit_fields(node, scope)
         if params is not None:
             for kw in node.keywords:
                 if kw.arg in params:
                     kw.arg = f"_l{params.index(kw.arg)}"
+        name = _dotted(node.func)
+        if name and name.startswith("torch.nn.") and name.rsplit(".", 1)[-1][:1].isupper():
+            keywords = ",".join(sorted(k.arg for k in node.keywords if k.arg))
+            self.ctor[f"{canonical_op(name)}({keywords})"] += 1
         return node
 
     def _visit_function(self, node: ast.AST, scope: _Scope | None, method: bool) -> ast.AST:
@@ -360,7 +479,8 @@ class _Renamer:
             node.returns = None
             if not method:
                 node.name = self._lookup(node.name, scope)
-        inner = _Scope(_stored_names(node), scope)
+        frame = self.frames[id(node)]
+        inner = _Scope(frame.bound - frame.declared, scope)
         params = _all_args(node.args)
         if method and params and params[0].arg != "self":
             inner.names[params[0].arg] = "self"
@@ -374,6 +494,7 @@ class _Renamer:
         return node
 
     def _visit_class(self, node: ast.ClassDef, scope: _Scope | None) -> ast.AST:
+        outer, self._class = self._class, node.name
         node.name = self._lookup(node.name, scope)
         node.bases = [self._visit(b, scope) for b in node.bases]
         node.keywords = [self._visit(k, scope) for k in node.keywords]
@@ -391,96 +512,23 @@ class _Renamer:
                     sub.id = self._attr(sub.id)
             body.append(self._visit(stmt, scope))
         node.body = body or [ast.Pass()]
+        self._class = outer
         return node
 
 
-def _stored_names(func: ast.AST) -> set[str]:
-    """Names a function binds locally: parameters and stores, not inside nested functions."""
-    names = {a.arg for a in _all_args(func.args)}
-    declared: set[str] = set()
-    stack = list(func.body) if isinstance(func.body, list) else [func.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Global, ast.Nonlocal)):
-            declared.update(node.names)
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            names.add(node.id)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            continue  # its body is its own scope
-        elif isinstance(node, ast.Lambda):
-            continue
-        stack.extend(ast.iter_child_nodes(node))
-    return names - declared
-
-
-def _module_bound(tree: ast.Module) -> set[str]:
-    names: set[str] = set()
-    stack = list(tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            continue
-        if isinstance(node, ast.Lambda):
-            continue
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            names.add(node.id)
-        stack.extend(ast.iter_child_nodes(node))
-    return names
-
-
-def _attribute_names(tree: ast.Module) -> set[str]:
-    """Attributes stored on `self`, helper method names and class attributes (format names kept)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load) and _is_self(node.value):
-            names.add(node.attr)
-        elif isinstance(node, ast.ClassDef):
-            for stmt in node.body:
-                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    names.add(stmt.name)
-                    params = _all_args(stmt.args)
-                    if params and params[0].arg != "self":  # `def forward(this, x)`: this.attr = ...
-                        first = params[0].arg
-                        for sub in ast.walk(stmt):
-                            if (isinstance(sub, ast.Attribute) and not isinstance(sub.ctx, ast.Load)
-                                    and isinstance(sub.value, ast.Name) and sub.value.id == first):
-                                names.add(sub.attr)
-                elif not _is_docstring(stmt):
-                    names.update(sub.id for sub in ast.walk(stmt)
-                                 if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store))
-    return {n for n in names if not _fixed(n)}
-
-
-def _callable_params(tree: ast.Module) -> dict[str, list[str]]:
-    params = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            params[node.name] = [a.arg for a in _all_args(node.args)]
-        elif isinstance(node, ast.ClassDef):
-            for stmt in node.body:
-                if isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
-                    params[node.name] = [a.arg for a in _all_args(stmt.args)][1:]
-    return params
-
-
-def _aliases(tree: ast.Module) -> dict[str, str]:
+def _aliases(node: ast.Import | ast.ImportFrom) -> dict[str, str]:
     out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname:
-                    out[a.asname] = a.name
-                else:
-                    root = a.name.split(".")[0]
-                    out[root] = root
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                if a.name != "*":
-                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            if a.asname:
+                out[a.asname] = a.name
+            else:
+                root = a.name.split(".")[0]
+                out[root] = root
+    elif node.module and not node.level:
+        for a in node.names:
+            if a.name != "*":
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
     return out
 
 
@@ -525,35 +573,20 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _operators(tree: ast.Module) -> tuple[list[str], Counter]:
-    """(forward's operator sequence, torch.nn constructor multiset) of a normalised module."""
-    ctor: Counter = Counter()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            name = _dotted(node.func)
-            if name and name.startswith("torch.nn.") and name.rsplit(".", 1)[-1][:1].isupper():
-                keywords = ",".join(sorted(k.arg for k in node.keywords if k.arg))
-                ctor[f"{canonical_op(name)}({keywords})"] += 1
+def _operators(tree: ast.Module, modules: dict[str, str]) -> list[str]:
+    """The operator sequence of `Model.forward` in a normalised module (empty without one)."""
     model = None
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Model":
             model = node
-    methods = [s for s in (model.body if model else tree.body) if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    forward = next((m for m in methods if m.name == "forward"), None)
-    if forward is None:
-        return [], ctor
-    modules: dict[str, str] = {}  # self attribute -> op of the module stored there
-    for m in methods:
-        for node in ast.walk(m):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                for target in node.targets:
-                    if isinstance(target, ast.Attribute) and _is_self(target.value):
-                        name = _dotted(node.value.func)
-                        modules[target.attr] = canonical_op(name) if name else "call"
+    body = model.body if model is not None else tree.body
+    forward = next((m for m in body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name == "forward"),
+                   None)
     ops: list[str] = []
-    for stmt in forward.body:
-        _emit(stmt, modules, ops)
-    return ops, ctor
+    if forward is not None:
+        for stmt in forward.body:
+            _emit(stmt, modules, ops)
+    return ops
 
 
 def _emit(node: ast.AST, modules: dict[str, str], out: list[str]) -> None:

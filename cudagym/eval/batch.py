@@ -76,10 +76,12 @@ def _batch_config(config: EvalConfig, parallel: int) -> EvalConfig:
 def _run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int, on_result: Callable[[object, object], None],
              description: str, total: int) -> None:
     """Run job thunks on `parallel` threads (each drives a subprocess), reporting with a progress bar."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    # Progress on stderr: stdout carries results (--json).
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), transient=False) as progress, ThreadPoolExecutor(max_workers=parallel) as pool:
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress, ThreadPoolExecutor(max_workers=parallel) as pool:
         bar = progress.add_task(description, total=total)
         futures: dict[Future, object] = {pool.submit(thunk): key for key, thunk in jobs}
         try:

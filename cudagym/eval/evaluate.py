@@ -69,6 +69,8 @@ class EvalConfig:
             raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
         if self.timing_mode not in ("strict", "paper"):
             raise ValueError(f"unknown timing mode {self.timing_mode!r} (choose strict or paper)")
+        if self.timing_mode == "paper" and self.device == "cpu":
+            raise ValueError("the paper timing mode sums CUDA kernel times: it needs --device cuda")
         if self.n_checks < 2:
             raise ValueError("n_checks must be at least 2 (input-independence needs two input sets)")
 

@@ -86,6 +86,10 @@ class Store:
         with self._lock:
             return self._con.cursor()
 
+    def sql(self, query: str, params: list | None = None) -> list[tuple]:
+        """Rows of a read query, for reports that want more than the methods below."""
+        return self._cursor().execute(query, params or []).fetchall()
+
     # submissions
 
     def add_submission(self, name: str, path: str, timing_mode: str, *, levels: list[int] | None = None,

@@ -1,0 +1,47 @@
+"""Repeatability of speedups between two eval runs of the same submission, from a cudagym DuckDB.
+
+    python benchmarks/repeatability.py out/gpu.duckdb [--a reference-a] [--b reference-b]
+
+Prints, per run, how many problems passed and its wall time (first to last stored verdict), and
+for problems that passed in both, the median and max relative difference of speedup_vs_eager and
+speedup_vs_compile. Baseline count and time span too.
+"""
+
+import argparse
+import statistics
+
+from cudagym.eval.store import Store
+
+
+def relative_differences(a: dict, b: dict, field: str) -> list[float]:
+    common = [k for k in a if k in b and a[k].get(field) and b[k].get(field)]
+    return [abs(a[k][field] / b[k][field] - 1) for k in common]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("db")
+    parser.add_argument("--a", default="reference-a")
+    parser.add_argument("--b", default="reference-b")
+    args = parser.parse_args()
+    with Store(args.db) as store:
+        runs = {}
+        for name in (args.a, args.b):
+            verdicts = store.verdicts(name)
+            runs[name] = {(v["level"], v["problem_id"]): v for v in verdicts if v["status"] == "pass"}
+            print(f"{name}: {len(runs[name])} of {len(verdicts)} passed")
+        for field in ("speedup_vs_eager", "speedup_vs_compile"):
+            diffs = relative_differences(runs[args.a], runs[args.b], field)
+            if diffs:
+                print(f"{field}: n={len(diffs)} median rel. diff {statistics.median(diffs):.4f} max {max(diffs):.4f}")
+        for name in (args.a, args.b):
+            first, last = store.sql("select min(created), max(created) from verdicts where submission = ?", [name])[0]
+            if first:
+                print(f"{name}: verdicts stored from {first} to {last} ({(last - first).total_seconds():.0f} s)")
+        n, first, last = store.sql("select count(*), min(created), max(created) from baselines")[0]
+        if n:
+            print(f"baselines: {n}, stored from {first} to {last} ({(last - first).total_seconds():.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
