@@ -134,16 +134,27 @@ def _strong_chunk(codes: list[str]) -> list[tuple]:
     return out
 
 
-def timed_pass(fn, codes: list[str], workers: int) -> tuple[float, list]:
+def cpu_seconds() -> float:
+    """CPU time of this process and of its reaped children (the pool workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def timed_pass(fn, codes: list[str], workers: int) -> tuple[float, float, list]:
     chunks = [codes[i:i + 500] for i in range(0, len(codes), 500)]
     gc.collect()
     gc.freeze()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         results = [r for rows in pool.imap(fn, chunks) for r in rows]
     elapsed = time.perf_counter() - t0
     gc.unfreeze()
-    return elapsed, results
+    return elapsed, cpu_seconds() - c0, results
+
+
+def report(name: str, wall: float, cpu: float, n: int) -> None:
+    print(f"{name:<22} wall {wall:7.1f} s  {n / wall:7.0f} candidates/s   CPU {cpu:7.1f} s "
+          f"({cpu / n * 1e3:.2f} ms/candidate)", flush=True)
 
 
 def main() -> int:
@@ -167,14 +178,15 @@ def main() -> int:
     _REFS = ReferenceSet(problems)
     print(f"reference indexes built in {time.perf_counter() - t0:.2f} s")
 
-    t_parity, parity = timed_pass(_parity_chunk, codes, args.workers)
-    print(f"parity:  {t_parity:7.1f} s  {len(codes) / t_parity:8.0f} candidates/s")
-    t_strong, strong = timed_pass(_strong_chunk, codes, args.workers)
-    print(f"strong:  {t_strong:7.1f} s  {len(codes) / t_strong:8.0f} candidates/s")
-    t0 = time.perf_counter()
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    t_parity, c_parity, parity = timed_pass(_parity_chunk, codes, args.workers)
+    report("parity", t_parity, c_parity, len(codes))
+    t_strong, c_strong, strong = timed_pass(_strong_chunk, codes, args.workers)
+    report("strong", t_strong, c_strong, len(codes))
+    t0, c0 = time.perf_counter(), cpu_seconds()
     rows = check_against(candidates, _REFS, workers=args.workers)
-    t_both = time.perf_counter() - t0
-    print(f"both (check_against): {t_both:7.1f} s  {len(codes) / t_both:8.0f} candidates/s")
+    report("both (check_against)", time.perf_counter() - t0, cpu_seconds() - c0, len(codes))
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
     errors = sum(r is None for r in parity)
     flagged_p = sum(r is not None and r[0] > 0.9 for r in parity)

@@ -4,8 +4,8 @@
   comments, canonical formatting, identifiers alpha-renamed, numbers replaced) has the same sha256.
   Renamed, reformatted or resized copies are exact duplicates here.
 - **Near**: MinHash over the normalised token shingles (5-token shingles as a multiset, so
-  `Jaccard` is the multiset Jaccard the strong score uses) with `num_perm` = 128 permutations
-  `(a * h + b) mod (2^61 - 1)` of 32-bit blake2b shingle hashes; LSH with 16 bands of 8 rows
+  `Jaccard` is the multiset Jaccard the strong score uses) with `num_perm` = 128 seeded 64-bit
+  hash functions (splitmix64 of the shingle's blake2b hash XOR a seed); LSH with 16 bands of 8 rows
   proposes candidate pairs (a pair at Jaccard 0.85 is proposed with probability 0.994, at 0.9 with
   0.9999); every candidate is verified with the exact Jaccard, and pairs at `>= threshold` (0.85)
   are edges of a graph whose connected components (networkx) are the clusters.
@@ -33,7 +33,8 @@ from cudagym.tasks import Task, sha256_text
 NEAR_THRESHOLD = 0.85
 NUM_PERM = 128
 BANDS = 16
-_PRIME = (1 << 61) - 1
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 def fingerprint(code: str) -> tuple[str, set]:
@@ -47,24 +48,28 @@ def fingerprint(code: str) -> tuple[str, set]:
 
 
 class MinHasher:
-    """MinHash signatures with `num_perm` seeded universal-hash permutations."""
+    """MinHash signatures: `num_perm` seeded hash functions, each the splitmix64 finaliser of
+    (64-bit blake2b element hash XOR a random 64-bit seed); a signature holds each function's minimum."""
 
     def __init__(self, num_perm: int = NUM_PERM, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
-        self.a = rng.integers(1, 1 << 31, size=num_perm, dtype=np.uint64)[:, None]
-        self.b = rng.integers(0, 1 << 31, size=num_perm, dtype=np.uint64)[:, None]
+        self.seeds = rng.integers(0, np.iinfo(np.uint64).max, size=num_perm, dtype=np.uint64, endpoint=True)[:, None]
 
     def signature(self, elements: Iterable) -> np.ndarray:
-        hashes = np.fromiter((_hash32(e) for e in elements), dtype=np.uint64)
+        hashes = np.fromiter((_hash64(e) for e in elements), dtype=np.uint64)
         if hashes.size == 0:
-            return np.full(self.a.shape[0], _PRIME, dtype=np.uint64)
-        return ((self.a * hashes[None, :] + self.b) % _PRIME).min(axis=1)  # a, h < 2^32: no overflow
+            return np.full(self.seeds.shape[0], np.iinfo(np.uint64).max, dtype=np.uint64)
+        z = hashes[None, :] ^ self.seeds  # uint64 arithmetic wraps modulo 2^64, as splitmix64 intends
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        z ^= z >> np.uint64(31)
+        return z.min(axis=1)
 
 
-def _hash32(element: tuple) -> int:
+def _hash64(element: tuple) -> int:
     grams, k = element
     data = "\x1f".join(grams).encode() + b"\x1e" + str(k).encode()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def candidate_pairs(signatures: Sequence[np.ndarray], bands: int = BANDS) -> set[tuple[int, int]]:

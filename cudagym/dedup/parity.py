@@ -21,9 +21,11 @@ it fast for many candidates against a fixed reference set. The definition:
   `similarity = round(2 * W / (D(A) + D(B)), 4)`. As in the reference implementation, a program
   with fewer than two significant subtrees scores 0 against everything.
 
-Known weaknesses (why `cudagym.dedup.strong` exists): identifiers are ignored, so two different
-KernelBench problems can score 0.99; the strict child-count rule means deleting one docstring
-zeroes the whole enclosing class and function, so a docstring-stripped copy scores about 0.5.
+Known weaknesses (why `cudagym.dedup.strong` exists), measured on KernelBench v0.1 L1-3:
+identifiers are ignored, so 208 of the 31,125 pairs of distinct problems score above 0.9 (89 of
+them 1.0, e.g. 19_ReLU and 21_Sigmoid); the strict child-count rule means deleting one docstring
+zeroes the whole enclosing class and function, so a renamed, docstring-stripped copy scores 0.33
+at the median and only 2 of 250 such copies exceed 0.9.
 
 Batch scoring (`ParityIndex`) gives results identical to scoring every pair (`brute_force_max`):
 node structures are interned so `m` is memoised across all pairs, and references are pruned with

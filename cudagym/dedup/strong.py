@@ -21,8 +21,8 @@ result is the canonical text; its tokens are the canonical token stream.
 - *Operators*: the `forward` of `Model` as its sequence of operator calls in evaluation order
   (calls through `self.<attr>` resolved to the module constructed in `__init__`, torch /
   functional / Tensor-method calls and arithmetic operators, all named by a canonical op name, so
-  `nn.ReLU()` module, `F.relu`, `torch.relu` and `x.relu()` are all `relu` and `x + y` is `add`),
-  (`x.T` is `transpose`), plus the multiset of `torch.nn` constructors anywhere in the module,
+  `nn.ReLU()` module, `F.relu`, `torch.relu` and `x.relu()` are all `relu`, `x + y` is `add` and
+  `x.T` is `transpose`), plus the multiset of `torch.nn` constructors anywhere in the module,
   each keyed by its op name and the names of its keyword arguments (`conv2d(groups)` for a
   depthwise convolution; values are ignored).
   `ops = min(2 * LCS(seq_a, seq_b) / (|seq_a| + |seq_b|), jaccard(ctor_a, ctor_b))` (an empty pair
@@ -32,12 +32,15 @@ result is the canonical text; its tokens are the canonical token stream.
 constant-resized copy normalises to the same text, so both views are exactly 1. `ops` also catches
 a copy restyled between module and functional calls; `jaccard_tokens` one with a statement added.
 
-**Threshold** `STRONG_THRESHOLD = 0.9` (flag when `strong >= 0.9`). Over the 31,125 pairs of
-distinct KernelBench v0.1 L1-3 problems the score is mostly far below it (see benchmarks/NOTES.md
-and the dedup tests for the measured distribution); the pairs at or above it are problems that
-differ only in sizes or in a constructor flag (e.g. the square / asymmetric convolution variants),
-which are the same computation for a kernel writer, so flagging a candidate that matches them is
-intended. Copies score 1.0, so the threshold leaves room for small edits.
+**Threshold** `STRONG_THRESHOLD = 0.9` (flag when `strong >= 0.9`). Measured on KernelBench v0.1
+L1-3 (250 problems): a mutated copy of every problem (every identifier renamed, reformatted,
+docstrings stripped, integer constants doubled) scores exactly 1.0; over the 31,125 pairs of
+distinct problems the median is 0.17, the 90th percentile 0.35, the 99th 0.66, and the largest
+score below 1.0 is 0.886. The 76 pairs (0.24%) at 1.0 are problems that differ only in sizes or
+constructor argument values (the matmul shape variants, square / asymmetric convolution variants,
+LSTM h_n / c_n, DenseNet121 / 201, the two identical Gemm_Scale_BatchNorm), the same computation
+for a kernel writer, so flagging a candidate that matches them is intended. 0.9 sits in the empty
+gap between 0.886 and 1.0 and leaves room for small edits to a copy.
 
 `StrongIndex` scores many candidates against fixed references exactly (equal to scoring every
 pair): token Jaccard for all references at once through an inverted index, then the exact LCS
@@ -60,6 +63,7 @@ STRONG_THRESHOLD = 0.9
 SHINGLE = 5
 KEEP_NAMES = frozenset({"Model", "forward", "get_inputs", "get_init_inputs", "self"})
 NUMBER = "_N"
+_RESULT_LIMIT = 200_000  # memoised candidate results kept before the table is cleared
 _TOKEN = re.compile(r"[A-Za-z_][\w.]*|\d+|\S")
 _BUILTINS = frozenset(dir(builtins))
 _NON_OPS = frozenset({"size", "dim", "numel", "item", "init"})  # tensor metadata, super().__init__()
@@ -71,7 +75,6 @@ _UNARY = {ast.USub: "neg", ast.Invert: "bitwisenot", ast.Not: "logicalnot"}
 _COMPARE = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
 _OP_ALIAS = {"truediv": "div", "divide": "div", "multiply": "mul", "subtract": "sub", "negative": "neg",
              "greater": "gt", "less": "lt", "absolute": "abs", "arctan": "atan", "clip": "clamp"}
-_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,7 @@ class StrongIndex:
             for c, v in ref.ctor.items():
                 self._ctor[i, self._ctor_ids[c]] = v
         self._ctor_total = self._ctor.sum(axis=1)
+        self._results: dict[str, tuple[float, int | None]] = {}  # normalised text -> result
         self.exact_computed = 0  # LCS computations (the rest were pruned)
 
     def jaccards(self, n: Normalized) -> np.ndarray:
@@ -218,6 +222,15 @@ class StrongIndex:
 
     def best(self, code: str | ast.Module | Normalized) -> tuple[float, int | None]:
         n = code if isinstance(code, Normalized) else normalize(code)
+        hit = self._results.get(n.text)
+        if hit is not None:
+            return hit
+        if len(self._results) >= _RESULT_LIMIT:
+            self._results.clear()
+        result = self._results[n.text] = self._best(n)
+        return result
+
+    def _best(self, n: Normalized) -> tuple[float, int | None]:
         jac = self.jaccards(n)
         bound = self.op_bounds(n)
         best = round(float(jac.max()), 4) if len(jac) else 0.0
@@ -473,20 +486,21 @@ class _Renamer:
         return node
 
     def _visit_function(self, node: ast.AST, scope: _Scope | None, method: bool) -> ast.AST:
-        self._visit_fields(node.args, scope)  # defaults and annotations: the enclosing scope
+        params = _all_args(node.args)
+        for a in params:
+            a.annotation = None  # annotations are dropped
+        self._visit_fields(node.args, scope)  # defaults: the enclosing scope
         if not isinstance(node, ast.Lambda):
             node.decorator_list = [self._visit(d, scope) for d in node.decorator_list]
             node.returns = None
             if not method:
                 node.name = self._lookup(node.name, scope)
-        frame = self.frames[id(node)]
+        frame = self.frames.get(id(node)) or _Frame({a.arg for a in params}, None)
         inner = _Scope(frame.bound - frame.declared, scope)
-        params = _all_args(node.args)
         if method and params and params[0].arg != "self":
             inner.names[params[0].arg] = "self"
         for a in params:
             a.arg = inner.local(a.arg)
-            a.annotation = None
         if isinstance(node, ast.Lambda):
             node.body = self._visit(node.body, inner)
         else:
@@ -630,16 +644,14 @@ def _emit(node: ast.AST, modules: dict[str, str], out: list[str]) -> None:
 
 
 def _call_op(func: ast.AST, modules: dict[str, str]) -> str | None:
+    """The op a call runs; None for a builtin (len, range, ...)."""
     if isinstance(func, ast.Attribute) and _is_self(func.value):
         return modules.get(func.attr, "call")  # a module built in __init__, or a helper method
     name = _dotted(func)
-    if name is None:
+    if name is None:  # a method of an expression result (`x.view(...).permute(...)`), or `(f)(x)`
         return canonical_op(func.attr) if isinstance(func, ast.Attribute) else "call"
-    root = name.split(".", 1)[0]
-    if "." not in name:
-        if name in _BUILTINS:
-            return None
-        return name if name.startswith("_g") else "call"  # a module-local callable, or a local value
-    if root in ("_l", "self") or root.startswith("_l") or root.startswith("_g"):
-        return canonical_op(name)  # a method on a local value (a tensor)
-    return canonical_op(name)
+    if "." in name:  # torch.relu, torch.nn.functional.gelu, _l0.view (a tensor method)
+        return canonical_op(name)
+    if name in _BUILTINS:
+        return None
+    return name if name.startswith("_g") else "call"  # a module-local callable, or a callable value

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_job, stop_live_judges
+from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_job, run_reference_jobs, stop_live_judges
 from cudagym.eval.store import BaselineKey, Store
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task, TaskError
@@ -126,7 +126,8 @@ def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, 
     return [Verdict.from_dict(v) for v in store.verdicts(name) if (v.get("kb_version"), v["level"], v["problem_id"]) in wanted]
 
 
-def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1) -> dict[str, dict]:
+def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1,
+                  chunk: int = 4) -> dict[str, dict]:
     """Time eager and torch.compile for every task not cached yet; returns {task.id: record}."""
     config = _batch_config(config, parallel)
     env = machine_env(config.device)
@@ -140,27 +141,37 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
     # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
     # timed, so they may share the GPU). Phase 2 times with the GPU held exclusively; its compiles
-    # are cache hits, so a judge waiting to time never waits behind a long compile.
-    warm = ((t, lambda t=t: run_reference_job(t, "warm", config)) for t in todo)
-    _run_all(warm, parallel, lambda task, result: None, "compile (warm caches)", len(todo))
-    jobs = ((t, lambda t=t: run_reference_job(t, "baseline", config)) for t in todo)
-    _run_all(jobs, parallel, record, "baselines", len(todo))
+    # are cache hits, so a judge waiting to time never waits long behind a compile. Each judge
+    # takes a few tasks, so process start-up and compiler initialisation are paid once for them.
+    chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
+    warm = ((c, lambda c=c: run_reference_jobs(c, "warm", config)) for c in chunks)
+    _run_all(warm, parallel, lambda c, r: None, f"compile, {chunk} problems per judge", len(chunks))
+
+    def record_chunk(chunk_tasks: list[Task], chunk_results: list[dict]) -> None:
+        for task, result in zip(chunk_tasks, chunk_results):
+            record(task, result)
+
+    jobs = ((c, lambda c=c: run_reference_jobs(c, "baseline", config)) for c in chunks)
+    _run_all(jobs, parallel, record_chunk, f"time, {chunk} problems per judge", len(chunks))
     for task in tasks:
         results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode)) or {})
     return results
 
 
-def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1) -> list[dict]:
+def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: int = 4) -> list[dict]:
     """For every task, the degenerate probes its correctness check accepts (contract: `audit kernelbench`)."""
     config = _batch_config(config, parallel)
     rows: dict[str, dict] = {}
 
-    def record(task: Task, result: dict) -> None:
-        row = {"level": task.level, "problem_id": task.problem_id, "name": task.name,
-               "accepts": result.get("accepts", [])}
-        if "accepts" not in result:
-            row["error"] = result.get("reason", "failed")
-        rows[task.id] = row
+    def record(chunk_tasks: list[Task], results: list[dict]) -> None:
+        for task, result in zip(chunk_tasks, results):
+            row = {"level": task.level, "problem_id": task.problem_id, "name": task.name,
+                   "accepts": result.get("accepts", [])}
+            if "accepts" not in result:
+                row["error"] = result.get("reason", "failed")
+            rows[task.id] = row
 
-    _run_all(((t, lambda t=t: run_reference_job(t, "audit", config)) for t in tasks), parallel, record, "audit", len(tasks))
+    chunks = [tasks[i:i + chunk] for i in range(0, len(tasks), chunk)]
+    _run_all(((c, lambda c=c: run_reference_jobs(c, "audit", config)) for c in chunks), parallel, record,
+             f"audit, {chunk} problems per judge", len(chunks))
     return [rows[t.id] for t in tasks]

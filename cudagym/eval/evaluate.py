@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cudagym.eval.verdict import Status, Verdict
@@ -172,12 +172,15 @@ def _run_judge_once(request: dict, config: EvalConfig) -> dict:
                 with _LIVE_LOCK:
                     _LIVE_JUDGES.discard(proc)
         result_path = os.path.join(workdir, "result.json")
+        lines_path = os.path.join(workdir, "results.jsonl")
+        done = [json.loads(line) for line in Path(lines_path).read_text().splitlines()] if os.path.exists(lines_path) else None
         if not os.path.exists(result_path):
             tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-1:] if os.path.exists(log_path) else []
             return {"status": "runtime_error", "judge_error": True,
-                    "reason": f"judge {describe_exit(proc.returncode)}{': ' + tail[0][:300] if tail else ''}"}
+                    "reason": f"judge {describe_exit(proc.returncode)}{': ' + tail[0][:300] if tail else ''}",
+                    **({"results": done} if done is not None else {})}
         with open(result_path) as f:
-            return json.load(f)
+            return dict(json.load(f), **({"results": done} if done is not None else {}))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -227,11 +230,30 @@ def verdict_from_result(result: dict, verdict: Verdict, t_compile_ms: float | No
     return verdict.finish()
 
 
+def _reference_request(task: Task, mode: str, config: EvalConfig, compile_baseline: bool) -> dict:
+    return {"mode": mode, "ref_code": task.code, "device": config.device, "n_checks": config.n_checks,
+            "atol": config.atol, "rtol": config.rtol, "timing_mode": config.timing_mode,
+            "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
+            "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,
+            "call_timeout_s": config.timeout_s}
+
+
 def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baseline: bool = True) -> dict:
-    """Baseline times (mode "baseline") or accepted degenerate probes (mode "audit") for one task."""
-    request = {"mode": mode, "ref_code": task.code, "device": config.device, "n_checks": config.n_checks,
-               "atol": config.atol, "rtol": config.rtol, "timing_mode": config.timing_mode,
-               "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
-               "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,
-               "call_timeout_s": config.timeout_s}
-    return run_judge(request, config)
+    """Baseline times (mode "baseline"), a cache-filling compile ("warm") or accepted degenerate
+    probes ("audit") for one task."""
+    return run_judge(_reference_request(task, mode, config, compile_baseline), config)
+
+
+def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile_baseline: bool = True) -> list[dict]:
+    """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
+    Tasks the process did not finish (it died or timed out), and tasks that ran out of memory
+    beside other judges, are run again one per process."""
+    request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks])
+    done = run_judge(request, replace(config, build_timeout_s=config.build_timeout_s * len(tasks))).get("results") or []
+    results = []
+    for i, task in enumerate(tasks):
+        result = done[i] if i < len(done) else None
+        if result is None or "out of memory" in str(result.get("reason", "")).lower():
+            result = run_reference_job(task, mode, config, compile_baseline)
+        results.append(result)
+    return results

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -82,6 +83,7 @@ class Request:
     max_reps: int = 100
     max_timing_s: float = 10.0
     seed: int | None = None  # tests only; normally a fresh secret per run
+    ref_codes: list | None = None  # reference modes only: several tasks in one process (imports paid once)
 
 
 # -- reference side ---------------------------------------------------------------------------------
@@ -616,15 +618,27 @@ def main(argv: list[str]) -> int:
     result_path = os.path.join(req.workdir, "result.json")
     sandbox = isolate(req.workdir, list(req.writable)) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
     os.environ["TMPDIR"] = tempfile.tempdir = req.workdir  # the only writable place besides the build caches
-    try:
-        result = evaluate(req)
-        result.setdefault("env", {})["judge_sandbox"] = sandbox
-    except Exception as exc:  # the reference or the harness failed: not a verdict on the candidate, but still a verdict
-        result = {"status": "runtime_error", "reason": f"evaluation failed: {type(exc).__name__}: {exc}"[:500],
-                  "judge_error": True, "trace": traceback.format_exc()[-3000:]}
+    if req.ref_codes is None:
+        result = evaluate_or_explain(req, sandbox)
+    else:  # one line per task as it finishes: if this process dies, the driver keeps what is done
+        with open(os.path.join(req.workdir, "results.jsonl"), "w") as lines:
+            for code in req.ref_codes:
+                lines.write(json.dumps(evaluate_or_explain(dataclasses.replace(req, ref_code=code), sandbox)) + "\n")
+                lines.flush()
+        result = {"status": "done"}
     with open(result_path, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def evaluate_or_explain(req: Request, sandbox: str) -> dict:
+    try:
+        result = evaluate(req)
+        result.setdefault("env", {})["judge_sandbox"] = sandbox
+        return result
+    except Exception as exc:  # the reference or the harness failed: not a verdict on the candidate, but still a verdict
+        return {"status": "runtime_error", "reason": f"evaluation failed: {type(exc).__name__}: {exc}"[:500],
+                "judge_error": True, "trace": traceback.format_exc()[-3000:]}
 
 
 if __name__ == "__main__":

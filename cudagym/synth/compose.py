@@ -346,8 +346,9 @@ def _rank_range(pattern: Sequence) -> tuple[int, int | None]:
     return n, (None if "..." in pattern else n)
 
 
-def glue_for(pattern: Sequence, shape: tuple) -> tuple[str, tuple] | None:
-    """The cheap view that gives x a rank the pattern accepts: ("", shape) when none is needed."""
+def glue_for(pattern: Sequence, shape: tuple, unsqueeze: bool = False) -> tuple[str, tuple] | None:
+    """The cheap view that gives x a rank the pattern accepts: ("", shape) when none is needed,
+    None when there is none (x.flatten(k) drops rank; x.unsqueeze(-1) adds it if allowed)."""
     lo, hi = _rank_range(pattern)
     rank = len(shape)
     if hi is not None and rank > hi:
@@ -356,6 +357,8 @@ def glue_for(pattern: Sequence, shape: tuple) -> tuple[str, tuple] | None:
         rest = shape[hi - 1:]
         return f"flatten({hi - 1})", tuple(shape[: hi - 1]) + ((math.prod(v for v, _ in rest), None),)
     if rank < lo:
+        if not unsqueeze:
+            return None
         return ".".join(["unsqueeze(-1)"] * (lo - rank)), tuple(shape) + ((1, None),) * (lo - rank)
     return "", tuple(shape)
 
@@ -396,9 +399,10 @@ def first_step(seed: Seed, idents: Idents, scale: int = 1) -> Step:
     return Step(seed, tuple(dims.items()), shape_of(seed.primary.shape, dims, ()))
 
 
-def next_step(seed: Seed, x_shape: tuple, idents: Idents, scale: int = 1, allow_glue: bool = True) -> Step | None:
+def next_step(seed: Seed, x_shape: tuple, idents: Idents, scale: int = 1, allow_glue: bool = True,
+              allow_unsqueeze: bool = False) -> Step | None:
     """Place `seed` after a step whose output has `x_shape`; None when the shapes cannot connect."""
-    glued = glue_for(seed.pattern, x_shape) if allow_glue else ("", tuple(x_shape))
+    glued = glue_for(seed.pattern, x_shape, allow_unsqueeze) if allow_glue else ("", tuple(x_shape))
     if glued is None:
         return None
     glue, shape = glued
@@ -492,7 +496,8 @@ def _domain_expr(spec: InputSpec, shape: tuple, dims: Mapping[str, Dim]) -> str:
     shape_code = ", ".join(code or str(value) for value, code in shape)
     high = spec.high
     high_code = dims[high][1] if isinstance(high, str) else str(high)
-    return DOMAINS[spec.domain].replace("SHAPE", shape_code).replace("HIGH", high_code)
+    tuple_code = f"({shape_code},)" if len(shape) == 1 else f"({shape_code})"
+    return DOMAINS[spec.domain].replace("SHAPE", shape_code).replace("TUPLE", tuple_code).replace("HIGH", high_code)
 
 
 def _line(node: cst.BaseSmallStatement) -> cst.SimpleStatementLine:
@@ -657,7 +662,10 @@ class ComposeConfig:
     k_distribution: Mapping[int, float] = field(default_factory=lambda: dict(PAPER_K_DISTRIBUTION))
     seed: int = 0
     scale: int = 1  # multiplies every symbolic dim of the composed task (1: CPU-sized)
-    allow_glue: bool = True  # insert x.flatten(k)/x.unsqueeze(-1) where ranks differ
+    allow_glue: bool = True  # insert x.flatten(k) where x has more dims than the next seed takes
+    allow_unsqueeze: bool = False  # also x.unsqueeze(-1) where it has fewer (gives size-1 dims)
+    family_weights: Mapping[str, float] = field(default_factory=dict)  # Seed.family -> weight; default 1
+    final_dtypes: tuple[str, ...] = ("float32", "int64")  # dtypes a task may return
     max_attempts: int = 40  # chains started per compose() call
     max_candidates: int = 60  # seeds probed per chain position
     max_numel: int = 1 << 22  # largest intermediate tensor (elements) at the configured scale
@@ -712,8 +720,7 @@ class ProgrammaticComposer:
         steps: list[Step] = []
         shape = None
         for seed in seeds:
-            step = first_step(seed, idents, self.config.scale) if not steps else \
-                next_step(seed, shape, idents, self.config.scale, self.config.allow_glue)
+            step = first_step(seed, idents, self.config.scale) if not steps else self._next(seed, shape, idents)
             if step is None:
                 return Reject("no_chain", f"{seed.id} does not accept shape {tuple(v for v, _ in shape)}")
             probe = self._probe(step, idents)
@@ -736,27 +743,43 @@ class ProgrammaticComposer:
                 self._probes[key] = None
         return self._probes[key]
 
+    def _next(self, seed: Seed, shape: tuple, idents: Idents) -> Step | None:
+        cfg = self.config
+        return next_step(seed, shape, idents, cfg.scale, cfg.allow_glue, cfg.allow_unsqueeze)
+
+    def _weights(self, pool: Sequence[Seed]) -> list[float]:
+        """Each family gets `family_weights[family]` (default 1) of the mass, split over its seeds."""
+        sizes = Counter(s.family for s in pool)
+        return [self.config.family_weights.get(s.family, 1.0) / sizes[s.family] for s in pool]
+
+    def _order(self, pool: Sequence[Seed], weights: Sequence[float], rng: random.Random, n: int) -> list[Seed]:
+        """n seeds drawn without replacement with the given weights (Efraimidis-Spirakis keys)."""
+        keys = [(rng.random() ** (1.0 / w) if w > 0 else -1.0, i) for i, w in enumerate(weights)]
+        return [pool[i] for key, i in sorted(keys, reverse=True)[:n] if key >= 0]
+
     def _grow(self, pool: Sequence[Seed], k: int, rng: random.Random):
+        cfg = self.config
+        weights = self._weights(pool)
         idents = Idents()
-        first = rng.choice(pool)
-        step = first_step(first, idents, self.config.scale)
+        first = self._order(pool, weights, rng, 1)[0]
+        step = first_step(first, idents, cfg.scale)
         probe = self._probe(step, idents)
-        if probe is None:
+        if probe is None or (k > 1 and not probe[0]):
             return None
         steps, shape, dtype, domain = [step], name_output(step, probe[0]), probe[1], first.out_domain
         while len(steps) < k:
-            if not shape:  # a scalar feeds nothing further
-                return None
-            candidates = rng.sample(list(pool), min(self.config.max_candidates, len(pool)))
-            for seed in candidates:
+            last = len(steps) == k - 1
+            for seed in self._order(pool, weights, rng, cfg.max_candidates):
                 if seed.id == steps[-1].seed.id or not _accepts_input(seed, domain, dtype):
                     continue
                 trial = idents.copy()
-                step = next_step(seed, shape, trial, self.config.scale, self.config.allow_glue)
+                step = self._next(seed, shape, trial)
                 if step is None:
                     continue
                 probe = self._probe(step, trial)
-                if probe is None:
+                if probe is None or (not last and not probe[0]):  # a scalar would feed nothing further
+                    continue
+                if last and probe[1] not in cfg.final_dtypes:
                     continue
                 idents = trial
                 steps.append(step)
@@ -764,6 +787,8 @@ class ProgrammaticComposer:
                 break
             else:
                 return None
+        if k == 1 and dtype not in cfg.final_dtypes:
+            return None
         return steps, idents, shape
 
     def _finish(self, steps: Sequence[Step], idents: Idents, shape: tuple) -> Task | Reject:

@@ -16,11 +16,14 @@ Shape patterns (`Seed.accepts`) may hold "_" (any size) and one "..." (any numbe
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import importlib
 import inspect
 import logging
 import re
+import sys
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
@@ -50,19 +53,20 @@ DIMS: dict[str, tuple[str, int]] = {
     "Q": ("num_classes", 10),
 }
 
-# Input value domains -> the expression get_inputs() uses (SHAPE: the dims, HIGH: index bound).
+# Input value domains -> the expression get_inputs() uses (SHAPE: the dims, TUPLE: them as a tuple,
+# HIGH: index bound).
 DOMAINS: dict[str, str] = {
     "randn": "torch.randn(SHAPE)",
     "positive": "torch.rand(SHAPE) + 0.1",
     "probability": "torch.rand(SHAPE).clamp(0.01, 0.99)",
     "unit": "torch.rand(SHAPE) * 1.8 - 0.9",
     "gt1": "torch.rand(SHAPE) + 1.5",
-    "binary": "torch.randint(0, 2, (SHAPE,)).float()",
-    "sign": "torch.randint(0, 2, (SHAPE,)).float() * 2 - 1",
+    "binary": "torch.randint(0, 2, TUPLE).float()",
+    "sign": "torch.randint(0, 2, TUPLE).float() * 2 - 1",
     "logprob": "torch.randn(SHAPE).log_softmax(dim=-1)",
     "sorted": "torch.randn(SHAPE).sort(dim=-1).values",
     "spd": "(lambda a: a @ a.mT + a.shape[-1] * torch.eye(a.shape[-1]))(torch.randn(SHAPE))",
-    "index": "torch.randint(0, HIGH, (SHAPE,))",
+    "index": "torch.randint(0, HIGH, TUPLE)",
     "perm": "torch.randperm(HIGH)[:SHAPE]",
     "bool": "torch.rand(SHAPE) > 0.5",
 }
@@ -673,6 +677,19 @@ class SeedError(Exception):
         self.reason, self.detail = reason, detail
 
 
+@contextlib.contextmanager
+def single_threaded():
+    """One intra-op thread: tiny tensors run ~50x faster than with threads contending on a busy box."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def exec_task(code: str) -> dict[str, Any]:
     """Exec trusted task source (our own seeds/compositions) and return its namespace."""
     namespace: dict[str, Any] = {"__name__": "cudagym_synth_task"}
@@ -740,10 +757,15 @@ def verify(seed: Seed) -> Seed:
             model, inputs, out = run_namespace(namespace, "cpu")
             with torch.no_grad():
                 again = model(*inputs)
+            torch.manual_seed(0)
+            twin = namespace["Model"](*namespace["get_init_inputs"]())
         except SeedError:
             raise
         except Exception as e:  # noqa: BLE001
             raise SeedError("failed_cpu", f"{type(e).__name__}: {str(e)[:200]}") from None
+    for (key, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        if not (torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))):
+            raise SeedError("nondeterministic_init", f"{key} differs between two constructions under one seed")
     deprecations = [str(w.message) for w in caught
                     if issubclass(w.category, (DeprecationWarning, FutureWarning)) or "deprecat" in str(w.message).lower()]
     if deprecations:
@@ -900,7 +922,8 @@ def _crawl_torch_cached() -> tuple[tuple[Seed, ...], tuple[Skip, ...]]:
             for qualified, rule, family, reason in _candidates(namespace, prefix, kind):
                 yield qualified, kind, family, rule, reason
 
-    seeds, skips = _crawl(candidates(), "torch")
+    with single_threaded():
+        seeds, skips = _crawl(candidates(), "torch")
     return tuple(seeds), tuple(skips)
 
 
@@ -916,15 +939,14 @@ def crawl_torch() -> tuple[list[Seed], list[Skip]]:
 
 # Model families whose building blocks are crawled (modeling module: transformers.models.<f>.modeling_<f>).
 TRANSFORMERS_FAMILIES = (
-    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "t5", "gpt2", "bert", "roberta", "clip",
-    "vit", "siglip", "phi", "phi3", "falcon", "bloom", "gpt_neox", "gptj", "olmo", "olmo2", "cohere", "starcoder2",
-    "deepseek_v3", "granite", "stablelm", "persimmon", "codegen", "gpt_bigcode", "mpt", "electra", "convnext",
-    "dinov2", "opt", "bart", "whisper", "mixtral", "qwen2_moe", "mamba", "mamba2", "segformer", "swin", "albert",
-    "distilbert", "resnet", "deberta_v2", "wav2vec2",
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "t5", "gpt2", "bert", "roberta", "clip", "vit",
+    "siglip", "phi", "phi3", "falcon", "gpt_neox", "gptj", "olmo", "olmo2", "cohere", "starcoder2", "deepseek_v3",
+    "granite", "stablelm", "persimmon", "codegen", "gpt_bigcode", "electra", "convnext", "dinov2", "opt", "bart",
+    "whisper", "mixtral", "qwen2_moe", "mamba", "albert", "resnet", "deberta_v2",
 )
 
 # Small-config keyword values, used when the config class accepts the keyword. Dim symbols are
-# substituted like every template (E: hidden size, J: FFN size, V: vocab).
+# substituted like every template (E: hidden size, J: FFN size, V: vocab, C: channels).
 SMALL_CONFIG = {
     "hidden_size": "E", "intermediate_size": "J", "num_attention_heads": "4", "num_key_value_heads": "2",
     "head_dim": "E // 4", "num_hidden_layers": "1", "vocab_size": "V", "max_position_embeddings": "64",
@@ -939,170 +961,171 @@ SMALL_CONFIG = {
     "qk_rope_head_dim": "4", "qk_nope_head_dim": "4", "v_head_dim": "8", "ffn_hidden_size": "J",
     "hidden_sizes": "[C, 2 * C]", "depths": "[1, 1]", "embedding_size": "E", "state_size": "8", "expand": "2",
     "max_source_positions": "64", "max_target_positions": "64", "num_mel_bins": "8",
+    "bos_token_id": "0", "eos_token_id": "1", "pad_token_id": "0",
 }
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """How to build and call one role of transformers block. `CLS` stands for the class."""
+    """How to build one role of transformers block. `CLS` stands for the class; the forward call is
+    built from the block's forward signature (`_forward_call`)."""
 
     role: str
-    pattern: str  # regex on the class name
+    pattern: str  # regex on the class name; the first matching recipe is used
     inits: tuple[str, ...]  # constructor templates, tried in order
-    call: str
-    x: InputSpec
-    extra: tuple[InputSpec, ...] = ()
-    modules: tuple[tuple[str, str], ...] = ()  # extra module slots ({family} formatted)
+    x: InputSpec = InputSpec("x", SEQ)
 
 
-_TOKENS = _x(("B", "S"), "index", "V")
 TRANSFORMERS_RECIPES = (
-    Recipe("norm", r"(RMSNorm|LayerNorm)$", ("CLS(E)", "CLS(E, eps=1e-6)", "CLS(cfg)"), "self.op(x)", _x(SEQ)),
-    Recipe("mlp", r"(MLP|FFN|FeedForward|DenseActDense|DenseGatedActDense|LayerFF|Intermediate|SwiGLUFFN)$",
-           ("CLS(cfg)", "CLS(J, cfg)", "CLS(cfg, E, J)"), "self.op(x)", _x(SEQ)),
-    Recipe("attention", r"^(?!.*(Cross|Flash|Sdpa|Sparse|Pooling|Disentangled)).*(SelfAttention|Attention)$",
-           ("CLS(cfg, layer_idx=0)", "CLS(cfg)", "CLS(E, 4)"), "self.op(x)[0]", _x(SEQ)),
-    Recipe("rope_attention", r"^(?!.*(Cross|Flash|Sdpa)).*Attention$", ("CLS(cfg, layer_idx=0)", "CLS(cfg, 0)"),
-           "self.op(x, position_embeddings=self.rotary(x, torch.arange(x.shape[1], device=x.device)[None]))[0]", _x(SEQ),
-           modules=(("rotary", "{prefix}RotaryEmbedding(cfg)"),)),
-    Recipe("layer", r"^(?!.*(Cross|Flash|Sdpa)).*(DecoderLayer|EncoderLayer|Layer|Block)$",
-           ("CLS(cfg, layer_idx=0)", "CLS(cfg)", "CLS(cfg, 0)"), "self.op(x, attention_mask=None)", _x(SEQ)),
-    Recipe("rope_layer", r"^(?!.*(Cross|Flash|Sdpa)).*(DecoderLayer|Layer|Block)$", ("CLS(cfg, layer_idx=0)", "CLS(cfg, 0)"),
-           "self.op(x, position_embeddings=self.rotary(x, torch.arange(x.shape[1], device=x.device)[None]))", _x(SEQ),
-           modules=(("rotary", "{prefix}RotaryEmbedding(cfg)"),)),
-    Recipe("embedding", r"(Embeddings|ScaledWordEmbedding)$", ("CLS(cfg)", "CLS(V, E, 0)"), "self.op(x)", _TOKENS),
-    Recipe("patch_embedding", r"(PatchEmbeddings|VisionEmbeddings|ViTEmbeddings|Dinov2Embeddings)$", ("CLS(cfg)",),
-           "self.op(x)", _x(("B", 3, 32, 32))),
-    Recipe("head", r"(Pooler|PredictionHeadTransform|LMPredictionHead|ClassificationHead|SelfOutput)$", ("CLS(cfg)",),
-           "self.op(x)", _x(SEQ)),
+    Recipe("norm", r"(RMSNorm|LayerNorm)$", ("CLS(E)", "CLS(E, eps=1e-6)", "CLS(cfg)")),
+    Recipe("patch_embedding", r"(PatchEmbeddings|VisionEmbeddings|^ViTEmbeddings|^Dinov2Embeddings)$", ("CLS(cfg)",),
+           _x(("B", 3, 32, 32))),
+    Recipe("embedding", r"(Embeddings|ScaledWordEmbedding)$", ("CLS(cfg)", "CLS(V, E, 0)"), _x(("B", "S"), "index", "V")),
+    Recipe("mlp", r"(MLP|FFN|FeedForward|DenseActDense|DenseGatedActDense|LayerFF|Intermediate|SelfOutput|MoeBlock|MoE)$",
+           ("CLS(cfg)", "CLS(J, cfg)")),
+    Recipe("attention", r"Attention$", ("CLS(cfg, layer_idx=0)", "CLS(cfg)")),
     Recipe("conv_block", r"^(ResNet(Conv|Basic|BottleNeck)Layer|ConvNextLayer)$", ("CLS(C, O)", "CLS(cfg, C)"),
-           "self.op(x)", _x(("B", "C", 16, 16))),
+           _x(("B", "C", 16, 16))),
+    Recipe("layer", r"(Layer|Block)$", ("CLS(cfg, layer_idx=0)", "CLS(cfg)")),
+    Recipe("head", r"(Pooler|PredictionHeadTransform|LMPredictionHead|ClassificationHead)$", ("CLS(cfg)",)),
 )
+_SKIP_BLOCKS = re.compile(r"Cross|Flash|Sdpa|PreTrained|For[A-Z]|(Model|Stack|Encoder|Decoder|Wrapper)$")
+_NONE_ARGS = {"attention_mask", "mask", "causal_attention_mask", "head_mask", "layer_head_mask", "position_bias",
+              "position_ids", "cache", "past_key_value", "past_key_values", "encoder_hidden_states"}
+_RESIDUAL_ARGS = {"input_tensor", "residual"}
+_ROPE = "self.rotary(x, torch.arange(x.shape[1], device=x.device)[None])"
 
 
-def _config_class(module, family: str):
-    """The family's (text) config class, imported from its modeling module."""
+def _forward_call(cls, rotary: str | None) -> tuple[str, str]:
+    """(`self.op(x, ...)` built from cls.forward's signature, "" ) or ("", reason it cannot be called)."""
+    try:
+        params = list(inspect.signature(cls.forward).parameters.values())[2:]  # self, the primary input
+    except (TypeError, ValueError, IndexError):
+        return "", "forward has no inspectable signature"
+    args = ["x"]
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.name == "position_embeddings":
+            if rotary is None:
+                return "", "needs rotary position embeddings and the family has no RotaryEmbedding"
+            args.append(f"position_embeddings={_ROPE}")
+        elif p.default is not p.empty:
+            continue
+        elif p.name in _NONE_ARGS:
+            args.append(f"{p.name}=None")
+        elif p.name in _RESIDUAL_ARGS:
+            args.append(f"{p.name}=x")
+        else:
+            return "", f"forward needs {p.name!r}"
+    return "self.op(" + ", ".join(args) + ")", ""
+
+
+def _config_classes(module) -> dict[str, type]:
     from transformers import PretrainedConfig
 
-    configs = {n: c for n, c in vars(module).items()
-               if inspect.isclass(c) and issubclass(c, PretrainedConfig) and c is not PretrainedConfig}
-    for name in sorted(configs, key=lambda n: ("TextConfig" not in n, "VisionConfig" in n, len(n))):
-        return configs[name]
-    return None
+    return {n: c for n, c in vars(module).items()
+            if inspect.isclass(c) and issubclass(c, PretrainedConfig) and c is not PretrainedConfig}
 
 
+def _config_for(configs: dict[str, type], block: str):
+    """The config class a block is built from: a VisionConfig for vision blocks, else the text/main config."""
+    def rank(name: str) -> tuple:
+        vision = "VisionConfig" in name
+        return (vision != ("Vision" in block or "Patch" in block), "TextConfig" not in name, len(name))
+
+    return configs[min(configs, key=rank)] if configs else None
+
+
+@functools.cache
 def _config_expr(config_cls) -> str:
+    """`<Config>(hidden_size=E, ...)` with the SMALL_CONFIG keywords the class takes."""
     try:
         params = inspect.signature(config_cls.__init__).parameters
     except (TypeError, ValueError):
         params = {}
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    keys = [k for k in SMALL_CONFIG if k in params or (accepts_any and k in _KNOWN_ATTRS(config_cls))]
-    args = ", ".join(f"{k}={SMALL_CONFIG[k]}" for k in keys)
+    known = set(params)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        try:
+            known |= set(vars(config_cls()))
+        except Exception:  # noqa: BLE001
+            pass
+    args = ", ".join(f"{k}={v}" for k, v in SMALL_CONFIG.items() if k in known)
     return f"{config_cls.__name__}({args})"
 
 
-def _KNOWN_ATTRS(config_cls) -> set[str]:  # noqa: N802 - attributes a default config instance has
+def _impl_key(obj, _memo: dict = {}, _active: set = set()) -> str:  # noqa: B006 - process-wide memo
+    """A digest of the bytecode of a class's methods (over its transformers MRO) or of a function.
+    Names of classes/functions of the same module that the code uses contribute their own digest,
+    so `MistralRMSNorm` (a "# Copied from" of LlamaRMSNorm) gets Llama's key while GemmaDecoderLayer,
+    whose code equals Llama's but builds a different RMSNorm, does not. Cheaper than reading source."""
+    if obj in _memo:
+        return _memo[obj]
+    if obj in _active:  # self-reference
+        return getattr(obj, "__qualname__", "?")
+    _active.add(obj)
     try:
-        return set(vars(config_cls()))
-    except Exception:  # noqa: BLE001
-        return set()
+        module = sys.modules.get(obj.__module__)
+        functions = []
+        if inspect.isclass(obj):
+            for klass in obj.__mro__:
+                if klass.__module__.startswith("transformers"):
+                    functions += [(name, getattr(m, "__func__", m)) for name, m in sorted(vars(klass).items())]
+        else:
+            functions = [("", obj)]
+        parts = [(name, _code_key(f.__code__, f.__doc__, module)) for name, f in functions if hasattr(f, "__code__")]
+        _memo[obj] = hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+        return _memo[obj]
+    finally:
+        _active.discard(obj)
 
 
-def _source_key(cls) -> str:
-    """A class's source with its name and comments stripped: equal keys mean a copied implementation."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return cls.__qualname__
-    source = re.sub(r"#.*", "", source)
-    source = re.sub(r"\b[A-Za-z0-9]*?(?=(RMSNorm|LayerNorm|MLP|Attention|Embedding|Layer|Block)\b)", "", source)
-    source = source.replace(cls.__name__, "CLS")
-    return re.sub(r"\s+", " ", source)
+def _code_key(code, doc, module) -> tuple:
+    consts = tuple(_code_key(c, None, module) if inspect.iscode(c) else c for c in code.co_consts
+                   if not (doc and c == doc))
+    names = []
+    for name in code.co_names:
+        target = getattr(module, name, None)
+        local = (inspect.isclass(target) or inspect.isfunction(target)) and target.__module__ == module.__name__
+        names.append(_impl_key(target) if local else name)
+    return code.co_code, tuple(names), consts
 
 
-def _transformers_candidates() -> Iterable[tuple[str, str, str, Seed | None, str]]:
-    import torch
-
-    from transformers import activations
-
-    # Activations: every nn.Module class defined in transformers.activations.
-    act_args = {"ClippedGELUActivation": "-10.0, 10.0", "XIELUActivation": "dtype=torch.float32"}
-    for name, cls in sorted(vars(activations).items()):
-        qualified = f"transformers.activations.{name}"
-        if not (inspect.isclass(cls) and issubclass(cls, torch.nn.Module) and cls.__module__ == activations.__name__):
-            continue
-        seed = Seed(qualified, "transformers_block", "self.op(x)", (_x(P4),), accepts=ANY,
-                    modules=(("op", f"{name}({act_args.get(name, '')})"),),
-                    imports=(f"from transformers.activations import {name}",), family="activation", name=name)
-        yield qualified, "transformers_block", "activation", seed, ""
-    # Blocks of model families, by role.
-    for family in TRANSFORMERS_FAMILIES:
-        modname = f"transformers.models.{family}.modeling_{family}"
-        try:
-            module = importlib.import_module(modname)
-        except Exception as e:  # noqa: BLE001
-            yield modname, "transformers_block", "", None, f"import_error:{type(e).__name__}: {str(e)[:120]}"
-            continue
-        config_cls = _config_class(module, family)
-        config = _config_expr(config_cls) if config_cls else ""
-        classes = {n: c for n, c in vars(module).items()
-                   if inspect.isclass(c) and issubclass(c, torch.nn.Module) and c.__module__ == modname
-                   and "PreTrained" not in n and not n.endswith(("Model", "Stack", "Encoder", "Decoder"))
-                   and "For" not in n}
-        for name in sorted(classes):
-            qualified = f"{modname}.{name}"
-            recipes = [r for r in TRANSFORMERS_RECIPES if re.search(r.pattern, name)]
-            if not recipes:
-                yield qualified, "transformers_block", "", None, "no_recipe:no recipe for this kind of block"
-                continue
-            prefix = _family_prefix(classes, name)
-            seeds = []
-            for recipe in recipes:
-                rotary = [slot for slot in recipe.modules if "RotaryEmbedding" in slot[1]]
-                if rotary and f"{prefix}RotaryEmbedding" not in classes:
-                    continue
-                if (recipe.role == "rope_attention") != ("position_embeddings" in _forward_params(classes[name])) \
-                        and recipe.role in ("rope_attention", "attention"):
-                    continue
-                if recipe.role in ("layer", "rope_layer") and \
-                        (recipe.role == "rope_layer") != ("position_embeddings" in _forward_params(classes[name])):
-                    continue
-                for init in recipe.inits:
-                    if "cfg" in init and not config:
-                        continue
-                    uses_cfg = "cfg" in init or any("cfg" in t for _, t in recipe.modules)
-                    imports = [f"from {modname} import {name}"]
-                    slots = [("op", init.replace("CLS", name))]
-                    for slot, template in recipe.modules:
-                        cls_name = template.format(prefix=prefix).split("(")[0]
-                        imports.append(f"from {modname} import {cls_name}")
-                        slots.append((slot, template.format(prefix=prefix)))
-                    if uses_cfg:
-                        imports.append(f"from transformers import {config_cls.__name__}")
-                    seeds.append(Seed(qualified, "transformers_block", recipe.call, (recipe.x,) + recipe.extra,
-                                      accepts=_accepts_for(recipe.x), modules=tuple(slots),
-                                      config=config if uses_cfg else "", imports=tuple(imports), family=recipe.role,
-                                      name=name))
-            if not seeds:
-                yield qualified, "transformers_block", "", None, "no_recipe:no applicable recipe"
-                continue
-            yield qualified, "transformers_block", seeds[0].family, tuple(seeds), _source_key(classes[name])
-
-
-def _family_prefix(classes: dict, name: str) -> str:
-    """The model prefix of a class name ("Llama" for "LlamaAttention"), found from its RotaryEmbedding."""
+def _family_prefix(classes: Iterable[str], name: str) -> str:
+    """The model prefix of a class name ("Llama" for "LlamaAttention"), taken from its RotaryEmbedding."""
     for other in classes:
         if other.endswith("RotaryEmbedding") and name.startswith(other[: -len("RotaryEmbedding")]):
             return other[: -len("RotaryEmbedding")]
     return ""
 
 
-def _forward_params(cls) -> set[str]:
-    try:
-        return set(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
+def _block_seeds(modname: str, name: str, cls, classes: dict, configs: dict) -> tuple[list[Seed], str]:
+    """Candidate seeds for one block class (one per constructor recipe), or ([], reason)."""
+    recipe = next((r for r in TRANSFORMERS_RECIPES if re.search(r.pattern, name)), None)
+    if recipe is None:
+        return [], "no_recipe:no recipe for this kind of block"
+    prefix = _family_prefix(classes, name)
+    rotary = f"{prefix}RotaryEmbedding" if prefix and f"{prefix}RotaryEmbedding" in classes else None
+    call, why = _forward_call(cls, rotary)
+    if not call:
+        return [], f"unsupported_forward:{why}"
+    first = next(iter(list(inspect.signature(cls.forward).parameters)[1:2]), "")
+    x = {"input_ids": InputSpec("x", ("B", "S"), "index", "V"),
+         "pixel_values": InputSpec("x", ("B", 3, 32, 32))}.get(first, recipe.x)
+    config_cls = _config_for(configs, name)
+    seeds = []
+    for init in recipe.inits:
+        slots = [("op", init.replace("CLS", name))] + ([("rotary", f"{rotary}(cfg)")] if "self.rotary" in call else [])
+        uses_cfg = any("cfg" in template for _, template in slots)
+        if uses_cfg and config_cls is None:
+            continue
+        imports = [f"from {modname} import {name}"] + ([f"from {modname} import {rotary}"] if len(slots) > 1 else [])
+        if uses_cfg:
+            imports.append(f"from {config_cls.__module__} import {config_cls.__name__}")
+        seeds.append(Seed(f"{modname}.{name}", "transformers_block", call, (x,), accepts=_accepts_for(x),
+                          modules=tuple(slots), config=_config_expr(config_cls) if uses_cfg else "",
+                          imports=tuple(imports), family=recipe.role, name=name))
+    return seeds, "" if seeds else "no_recipe:no config class for a config-built block"
 
 
 def _accepts_for(x: InputSpec) -> tuple:
@@ -1113,6 +1136,35 @@ def _accepts_for(x: InputSpec) -> tuple:
     return ("_",) * len(x.shape)
 
 
+def _transformers_candidates() -> Iterable[tuple[str, list[Seed], str]]:
+    """(qualified name, candidate seeds tried in order, skip reason or source key)."""
+    import torch
+    from transformers import activations
+
+    act_args = {"ClippedGELUActivation": "-10.0, 10.0", "XIELUActivation": "dtype=torch.float32"}
+    for name, cls in sorted(vars(activations).items()):
+        if inspect.isclass(cls) and issubclass(cls, torch.nn.Module) and cls.__module__ == activations.__name__:
+            seed = Seed(f"transformers.activations.{name}", "transformers_block", "self.op(x)", (_x(P4),), accepts=ANY,
+                        modules=(("op", f"{name}({act_args.get(name, '')})"),),
+                        imports=(f"from transformers.activations import {name}",), family="activation", name=name)
+            yield seed.qualified_name, [seed], _impl_key(cls)
+    for family in TRANSFORMERS_FAMILIES:
+        modname = f"transformers.models.{family}.modeling_{family}"
+        try:
+            module = importlib.import_module(modname)
+        except Exception as e:  # noqa: BLE001
+            yield modname, [], f"import_error:{type(e).__name__}: {str(e)[:120]}"
+            continue
+        configs = _config_classes(module)
+        classes = {n: c for n, c in vars(module).items()
+                   if inspect.isclass(c) and issubclass(c, torch.nn.Module) and c.__module__ == modname}
+        for name in sorted(classes):
+            if _SKIP_BLOCKS.search(name):
+                continue
+            seeds, reason = _block_seeds(modname, name, classes[name], classes, configs)
+            yield f"{modname}.{name}", seeds, reason or _impl_key(classes[name])
+
+
 @functools.cache
 def _crawl_transformers_cached() -> tuple[tuple[Seed, ...], tuple[Skip, ...]]:
     try:
@@ -1121,44 +1173,44 @@ def _crawl_transformers_cached() -> tuple[tuple[Seed, ...], tuple[Skip, ...]]:
         return (), (Skip("transformers", "import_error", f"{type(e).__name__}: {e}", "transformers"),)
     seeds: list[Seed] = []
     skips: list[Skip] = []
-    seen_sources: dict[str, str] = {}
-    seen_labels: dict[tuple, str] = {}
-    for qualified, _, _, candidate, reason in _transformers_candidates():
-        if candidate is None:
-            code, _, detail = reason.partition(":")
-            skips.append(Skip(qualified, code, detail, "transformers"))
-            continue
-        if isinstance(candidate, tuple):  # recipes for one class: the first that verifies wins
-            key = reason
-            if key in seen_sources:
-                skips.append(Skip(qualified, "duplicate_impl", f"same source as {seen_sources[key]}", "transformers"))
-                continue
-            errors = []
-            for seed in candidate:
-                try:
-                    verified = verify(seed)
-                except SeedError as e:
-                    errors.append(f"{e.reason}: {e.detail}")
-                    continue
-                seen_sources[key] = qualified
-                seeds.append(replace(verified, imports=verified.imports))
-                break
-            else:
-                skips.append(Skip(qualified, "failed_recipes", " | ".join(errors)[:400], "transformers"))
-            continue
-        try:
-            verified = verify(candidate)
-        except SeedError as e:
-            skips.append(Skip(qualified, e.reason, e.detail, "transformers"))
-            continue
-        label = verified.ops
-        if label in seen_labels:
-            skips.append(Skip(qualified, "duplicate_label", f"same as {seen_labels[label]}", "transformers"))
-            continue
-        seen_labels[label] = qualified
-        seeds.append(verified)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with single_threaded():
+            _verify_transformers(_transformers_candidates(), seeds, skips)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     log.info("transformers %s: %d seeds, %d skips", transformers.__version__, len(seeds), len(skips))
     return tuple(seeds), tuple(skips)
+
+
+def _verify_transformers(items, seeds: list[Seed], skips: list[Skip]) -> None:
+    """The first candidate per class that verifies becomes its seed; copied implementations are skipped."""
+    seen: dict[str, str] = {}  # implementation key -> first class with that implementation
+    for qualified, candidates, key in items:
+        if not candidates:
+            code, _, detail = key.partition(":")
+            skips.append(Skip(qualified, code, detail, "transformers"))
+            continue
+        if key in seen:
+            skips.append(Skip(qualified, "duplicate_impl", f"same implementation as {seen[key]}", "transformers"))
+            continue
+        errors: list[str] = []
+        for seed in [c for seed in candidates for c in (seed, replace(seed, call=seed.call + "[0]"))]:
+            if seed.call.endswith("[0]") and not any(e.startswith("non_tensor_output") for e in errors):
+                continue  # index the output only when the block returned a tuple
+            try:
+                verified = verify(seed)
+            except SeedError as e:
+                errors.append(f"{e.reason}: {e.detail}")
+                continue
+            seen[key] = qualified
+            seeds.append(verified)
+            break
+        else:
+            reasons = {e.split(":")[0] for e in errors}
+            reason = next(iter(reasons)) if len(reasons) == 1 else "failed_recipes"
+            skips.append(Skip(qualified, reason, " | ".join(errors)[:400], "transformers"))
 
 
 def crawl_transformers() -> tuple[list[Seed], list[Skip]]:
