@@ -1,8 +1,8 @@
 """Decontamination speed: 100,000 candidates against the 250 KernelBench v0.1 L1-3 problems.
 
-Candidates are cheap text mutations of KernelBench problems (identifier renames, resized constants,
-swapped activation / arithmetic operators, inserted elementwise ops, stripped docstrings), so they
-look like near and far copies. The script times the parity score and the strong score separately
+Candidates are cheap text mutations of KernelBench problems (fusions of two problems' constructor
+and forward code, identifier renames, resized constants, swapped activation / arithmetic operators,
+inserted elementwise ops, stripped docstrings), so they look like near and far copies. The script times the parity score and the strong score separately
 and together (`check_against`, both scores, the pipeline's path), on all cores, and checks that the
 pruned parity maxima equal brute force on a random 1,000-subset (and the strong maxima on 200).
 
@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import random
 import re
+import resource
 import sys
 import time
 from pathlib import Path
@@ -66,9 +67,35 @@ class Mutator:
                 names.add(n.name)
         self.names = sorted(x for x in names - imported - FIXED if not x.startswith("__"))
         self.rename_re = re.compile(r"\b(%s)\b" % "|".join(map(re.escape, self.names))) if self.names else None
+        self.lines = code.splitlines()
+        self.forward_at = self.init_at = None  # line indices where a composed problem's code goes in
+        self.forward_body, self.init_body, self.param = [], [], None
+        model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+        for fn in (model.body if model else []):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "forward" and len(fn.args.args) > 1:
+                self.forward_at, self.param = fn.body[0].lineno - 1, fn.args.args[1].arg
+                self.forward_body = [ast.unparse(s) for s in fn.body if not isinstance(s, (ast.Return, ast.Expr))]
+            elif isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                self.init_at = fn.body[-1].end_lineno
+                self.init_body = [ast.unparse(s) for s in fn.body
+                                  if not isinstance(s, ast.Expr) and "super" not in ast.unparse(s)]
 
-    def mutate(self, rng: random.Random) -> str:
+    def compose(self, other: Mutator) -> str:
+        """This problem with `other`'s constructor and forward statements fused in (a fused-op task)."""
+        if self.forward_at is None or self.init_at is None or other.param is None:
+            return self.code
+        rename = re.compile(r"\b%s\b" % re.escape(other.param))
+        forward = ["        " + line for stmt in other.forward_body for line in rename.sub(self.param, stmt).splitlines()]
+        init = ["        " + line for stmt in other.init_body for line in stmt.splitlines()]
+        lines = list(self.lines)
+        lines[self.forward_at:self.forward_at] = forward
+        lines[self.init_at:self.init_at] = init
+        return "\n".join(lines)
+
+    def mutate(self, rng: random.Random, others: list[Mutator]) -> str:
         code = self.code
+        if rng.random() < 0.3:
+            code = self.compose(rng.choice(others))
         if rng.random() < 0.3:
             code = _DOCSTRING.sub("", code)
         if rng.random() < 0.5:
@@ -105,7 +132,8 @@ class Mutator:
 def make_candidates(problems: list[Task], n: int, seed: int) -> list[Task]:
     rng = random.Random(seed)
     mutators = [Mutator(p.code) for p in problems]
-    return [Task(id=f"cand/{i:06d}", name=f"cand_{i}", code=rng.choice(mutators).mutate(rng)) for i in range(n)]
+    return [Task(id=f"cand/{i:06d}", name=f"cand_{i}", code=rng.choice(mutators).mutate(rng, mutators))
+            for i in range(n)]
 
 
 # -- one-score passes (each on `workers` processes) -------------------------------------------------
@@ -186,7 +214,8 @@ def main() -> int:
     t0, c0 = time.perf_counter(), cpu_seconds()
     rows = check_against(candidates, _REFS, workers=args.workers)
     report("both (check_against)", time.perf_counter() - t0, cpu_seconds() - c0, len(codes))
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}; peak RSS of a worker "
+          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
 
     errors = sum(r is None for r in parity)
     flagged_p = sum(r is not None and r[0] > 0.9 for r in parity)

@@ -55,7 +55,7 @@ _RESULT_LIMIT = 200_000  # memoised candidate results kept before the table is c
 class ParityFeatures:
     """One program's significant subtrees, as interned structure ids of one `Structures` table."""
 
-    roots: tuple[int, ...]  # significant subtrees, in `ast.walk` order
+    roots: tuple[int, ...]  # the significant subtrees (their order carries no meaning)
     denominator: float  # sum of w(type) * node count over the significant subtrees
     groups: dict  # (type, child count) -> root ids of that group
     bag: dict  # (type, child count, node type) -> count of that node type over the group's roots

@@ -9,8 +9,8 @@ it isolates itself like any process running task code, then:
    device, finite, tolerance; inputs bit-identical afterwards; degenerate-problem and precision
    checks; the runner's guard and integrity flags;
 3. times the candidate (runner) and the eager reference (here) interleaved, rep by rep, with the
-   GPU held exclusively, and re-checks the outputs of randomly chosen timed calls, chosen after
-   each call has finished so the candidate cannot know which calls are checked;
+   GPU held exclusively; every timed call hands its output over in the same round trip and is
+   checked, and the judge's own wall clock bounds what the candidate may report;
 4. writes the verdict fields as JSON to the result path.
 Standard library and torch only (it runs on GPU boxes with nothing else).
 """
@@ -43,7 +43,6 @@ from cudagym.eval.runner import set_fp32_precision
 from cudagym.eval.timing import Timer, adaptive_reps, profiler_kernel_ms, summarize
 from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
 
-TIMED_OUTPUT_CHECK_P = 0.2  # fraction of timed calls whose output is re-checked (plus the first and last)
 TIMING_INPUT_BUDGET_BYTES = 4 * 2**30  # rotated timing input sets share this much memory
 FP64_LIMIT_BYTES = 2 * 2**30  # skip the float64 reference above this input size
 FP64_CHECKS = 2  # checks that also compare against the float64 reference (it is slow for convolutions)
@@ -113,7 +112,7 @@ def widened(inputs: list, seed: int) -> list:
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1:
-            scale = float(x.double().abs().mean()) or 1.0
+            scale = float(x.abs().mean(dtype=torch.float64)) or 1.0
             out.append(torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype) * scale)
         else:
             out.append(x)
@@ -314,8 +313,7 @@ class Evaluation:
     def call_candidate(self, runner: RunnerProcess, inputs: list, ref: list[torch.Tensor], guard: bool):
         """Candidate's outputs for `inputs` (shared copy), and whether it mutated that copy."""
         shared = clone_inputs(inputs)
-        buffers = [torch.full_like(r, float("nan")) if r.is_floating_point() else torch.empty_like(r) for r in ref] \
-            if runner.cuda else None
+        buffers = self.output_buffers(ref, runner)
         reply = runner.request(self.req.call_timeout_s, op="call", inputs=shared, buffers=buffers, guard=guard)
         self.add_flags(reply.get("flags"))
         outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
@@ -397,22 +395,28 @@ class Evaluation:
             ms = reply_ms(runner.request(self.req.call_timeout_s, op="paper"))
             eager = profiler_kernel_ms(lambda: self.model(*sets[0])) if runner.cuda else None
             return {"t_candidate_ms": ms, "t_eager_ms": eager, "timing": {"reps": 10}}
+        # Every rep hands its output over in the same round trip, into buffers poisoned with NaN
+        # (CUDA) or by value (CPU), and every one is checked: a candidate that is correct only while
+        # checked has no unchecked call to cheat in.
+        buffers = self.output_buffers(refs[0], runner)
         empty = []
         for _ in range(5):
             t0 = time.perf_counter()
-            runner.request(self.req.call_timeout_s, op="empty_rep")
+            runner.request(self.req.call_timeout_s, op="empty_rep", buffers=buffers, like=buffers or refs[0])
+            if not runner.cuda:
+                runner.receive_outputs(self.req.call_timeout_s)
             empty.append((time.perf_counter() - t0) * 1e3)
-        eager_times, walls, n_checked = [], [], 0
+        eager_times, walls = [], []
 
         def rep(i: int) -> float:
-            nonlocal n_checked
             slot, content = rep_layout(i, len(sets))
+            self.poison(buffers)
             t0 = time.perf_counter()
-            ms = reply_ms(runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content))
+            reply = runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content, buffers=buffers)
+            outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
             walls.append((time.perf_counter() - t0) * 1e3)
-            if i == 0 or self.rng.random() < TIMED_OUTPUT_CHECK_P:
-                self.check_timed_output(runner, refs[content], i)
-                n_checked += 1
+            ms = reply_ms(reply)
+            self.check_timed_output(outs, refs[content], i)
             if self.req.eager_baseline:
                 with torch.no_grad():
                     timer.flush()
@@ -420,31 +424,32 @@ class Evaluation:
             return ms
 
         times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
-        last = len(times) - 1
-        self.check_timed_output(runner, refs[rep_layout(last, len(sets))[1]], last, rerun=rep_layout(last, len(sets)))
         stats = summarize(times)
         # The runner's clock is the candidate's to tamper with; the judge's wall clock is not. A rep
         # can't take less than its wall time minus the cost of an empty rep, give or take jitter.
         wall_floor = sorted(walls)[len(walls) // 2] - sorted(empty)[len(empty) // 2]
         if stats["median_ms"] < 0.5 * wall_floor - 0.2:
             self.add_flags({"timer_tamper": [f"reported {stats['median_ms']:.3f} ms, wall clock says >= {wall_floor:.3f} ms"]})
-        stats["timed_outputs_checked"] = n_checked + 1
+        stats["timed_outputs_checked"] = len(times)
         result = {"t_candidate_ms": stats["median_ms"], "timing": stats}
         if eager_times:
             result["t_eager_ms"] = summarize(eager_times)["median_ms"]
             result["timing"]["eager_iqr_ms"] = summarize(eager_times)["iqr_ms"]
         return result
 
-    def check_timed_output(self, runner: RunnerProcess, ref: list[torch.Tensor], i: int,
-                           rerun: tuple[int, int] | None = None) -> None:
-        if rerun:  # the last timed call, run once more so its output is the one on record
-            slot, content = rerun
-            runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content)
-        buffers = [torch.full_like(r, float("nan")) if r.is_floating_point() else torch.empty_like(r) for r in ref] \
-            if runner.cuda else None
-        reply = runner.request(self.req.call_timeout_s, op="last_output", buffers=buffers)
-        self.add_flags(reply.get("flags"))
-        outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
+    @staticmethod
+    def output_buffers(ref: list[torch.Tensor], runner: RunnerProcess) -> list[torch.Tensor] | None:
+        """Where the candidate's process writes its outputs (CUDA); None on CPU (sent by value)."""
+        if not runner.cuda:
+            return None
+        return [torch.full_like(r, float("nan")) if r.is_floating_point() else torch.empty_like(r) for r in ref]
+
+    @staticmethod
+    def poison(buffers: list[torch.Tensor] | None) -> None:
+        for b in buffers or []:
+            b.fill_(float("nan") if b.is_floating_point() else -1)
+
+    def check_timed_output(self, outs: list[torch.Tensor], ref: list[torch.Tensor], i: int) -> None:
         reason = checks.compare(outs, ref, self.tol)
         if reason:
             raise CandidateFailed("rejected", f"timed call {i} returned a wrong result ({reason}): correct only while checked",

@@ -33,7 +33,6 @@ class Runner:
         self.model = None
         self.timing_sources: list[list] = []
         self.timing_slots: list[list] = []
-        self.last_out = None
 
     def reply(self, **msg) -> None:
         self.conn.send_bytes(json.dumps(msg).encode())
@@ -139,9 +138,10 @@ class Runner:
         self.timing_slots = [_private(sets[0]), _private(sets[0])]
         self.reply(ok=True)
 
-    def op_rep(self, slot: int, content: int) -> None:
-        """Load input set `content` into `slot` (outside the timed region), then time one call.
-        The judge alternates contents under each slot, so a cache keyed on buffer addresses is stale."""
+    def op_rep(self, slot: int, content: int, buffers: list | None) -> None:
+        """Load input set `content` into `slot` (outside the timed region), time one call, then hand
+        its output over in the same round trip: the judge decides afterwards, in secret, whether to
+        check it, and its wall clock covers whatever the call really took."""
         import torch
 
         inputs = self.timing_slots[slot]
@@ -150,18 +150,17 @@ class Runner:
                 dst.copy_(src)
         self.timer.flush()
         with torch.no_grad():
-            ms, self.last_out = self.timer.time_ms(lambda: self.model(*inputs))
-        self.reply(ok=True, ms=ms)
+            ms, out = self.timer.time_ms(lambda: self.model(*inputs))
+        self._send_outputs(out, buffers, {}, ops=[], ms=ms)
 
-    def op_empty_rep(self) -> None:
-        """What a rep costs with no work: the judge's wall-clock yardstick for the timer cross-check."""
+    def op_empty_rep(self, buffers: list | None, like: list) -> None:
+        """A rep with no work but the same flush and hand-over of outputs shaped `like` the real
+        ones: the judge's wall-clock yardstick."""
+        import torch
+
         self.timer.flush()
         ms, _ = self.timer.time_ms(lambda: None)
-        self.reply(ok=True, ms=ms)
-
-    def op_last_output(self, buffers: list | None) -> None:
-        out, self.last_out = self.last_out, None
-        self._send_outputs(out, buffers, self.snapshot.changes(), ops=[])
+        self._send_outputs([torch.zeros_like(t) for t in like], buffers, {}, ops=[], ms=ms)
 
     def op_paper(self) -> None:
         import torch
@@ -177,7 +176,7 @@ class Runner:
         self.reply(ok=True, flags=self.snapshot.changes())
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _send_outputs(self, out, buffers: list | None, flags: dict, ops: list) -> None:
+    def _send_outputs(self, out, buffers: list | None, flags: dict, ops: list, **extra) -> None:
         import torch
 
         from cudagym.eval.checks import as_tensor_list, structure_mismatch
@@ -189,7 +188,7 @@ class Runner:
         if buffers is None:  # CPU: results travel by value, in a format the judge loads without unpickling
             payload = io.BytesIO()
             torch.save([t.detach().clone() for t in outs], payload)
-            self.reply(ok=True, flags=flags, ops=ops, n_bytes=payload.tell())
+            self.reply(ok=True, flags=flags, ops=ops, n_bytes=payload.tell(), **extra)
             self.conn.send_bytes(payload.getvalue())
             return
         mismatch = structure_mismatch(outs, buffers)
@@ -198,7 +197,7 @@ class Runner:
         for buf, t in zip(buffers, outs):
             buf.copy_(t)
         self.timer.sync()
-        self.reply(ok=True, flags=flags, ops=ops)
+        self.reply(ok=True, flags=flags, ops=ops, **extra)
 
 
 def _input_writes(passed: list, pristine: list) -> dict:

@@ -5,10 +5,13 @@ A composer (`Composer`: `compose(seeds, k, rng) -> Task | Reject`) is registered
 seed's primary input is the previous seed's output. Shapes connect by *binding*: the next seed's
 shape pattern (`Seed.accepts`, e.g. `("B", "C", "_", "_")` for Conv2d) is matched against the
 incoming shape, which fixes its symbolic dims (Conv2d's in_channels becomes the previous
-out_channels); where ranks differ a cheap view is inserted (`x.flatten(k)` / `x.unsqueeze(-1)`).
-Each candidate step is run on meta tensors to learn its output shape (CPU for the few seeds without
-meta kernels). The fused `Model` is written with libcst: seed templates are parsed once and their
-placeholders (inputs, dims, module slots) substituted by a CST transformer.
+out_channels); where x has more dims than the next seed takes, a view is inserted (`x.flatten(k)`;
+`x.unsqueeze(-1)` for the opposite case is opt-in). Each candidate step is run on meta tensors to
+learn its output shape (CPU for the few seeds without meta kernels); the finished chain is run once
+more and its AST labels checked against its seeds. Seeds are drawn with equal weight per seed
+family (`ComposeConfig.family_weights`), so the 70 pointwise seeds do not crowd out the convs. The
+fused `Model` is written with libcst: seed templates are parsed once and their placeholders
+(inputs, dims, module slots) substituted by a CST transformer.
 
 K, the number of composed seeds, follows `ComposeConfig.k_distribution`. Default
 (`PAPER_K_DISTRIBUTION`), an assumption: CUDA-Agent-Ops-6K (CUDA Agent paper, arXiv 2602.24286)
@@ -42,6 +45,7 @@ from cudagym.synth.crawl import (
     Seed,
     SeedError,
     infer_output,
+    single_threaded,
 )
 from cudagym.tasks import Task, sha256_text
 
@@ -468,8 +472,9 @@ class _Substitute(cst.CSTTransformer):
         return updated
 
 
-def _substitute(template: str, names: Mapping[str, cst.BaseExpression], slots: Mapping[str, str] = {}) -> cst.BaseExpression:  # noqa: B006
-    return _parse(template).visit(_Substitute(names, slots))
+def _substitute(template: str, names: Mapping[str, cst.BaseExpression],
+                slots: Mapping[str, str] | None = None) -> cst.BaseExpression:
+    return _parse(template).visit(_Substitute(names, slots or {}))
 
 
 def _snake(name: str) -> str:
@@ -693,6 +698,17 @@ def _accepts_input(seed: Seed, out_domain: str, out_dtype: str) -> bool:
     return primary.domain == "randn" or out_domain in DOMAIN_ACCEPTS.get(primary.domain, frozenset())
 
 
+@dataclass(frozen=True)
+class _Chain:
+    """A chain being grown: its steps, constant names, and what its output is (shape, dtype, domain)."""
+
+    steps: list
+    idents: Idents
+    shape: tuple
+    dtype: str
+    domain: str
+
+
 @register_composer("programmatic")
 class ProgrammaticComposer:
     """Chains seeds whose shapes connect, found by meta-tensor shape inference; no LLM."""
@@ -708,27 +724,24 @@ class ProgrammaticComposer:
         pool = [s for s in seeds if s.ops]
         if not pool:
             return Reject("no_seeds", "no verified seeds")
-        for _ in range(self.config.max_attempts):
-            chain = self._grow(pool, k, rng)
-            if chain is not None:
-                return self._finish(*chain)
+        with single_threaded():
+            for _ in range(self.config.max_attempts):
+                chain = self._grow(pool, k, rng)
+                if chain is not None:
+                    return self._finish(chain)
         return Reject("no_chain", f"no chain of {k} connecting seeds in {self.config.max_attempts} attempts")
 
     def chain(self, seeds: Sequence[Seed]) -> Task | Reject:
         """Compose exactly these seeds, in this order."""
-        idents = Idents()
-        steps: list[Step] = []
-        shape = None
-        for seed in seeds:
-            step = first_step(seed, idents, self.config.scale) if not steps else self._next(seed, shape, idents)
-            if step is None:
-                return Reject("no_chain", f"{seed.id} does not accept shape {tuple(v for v, _ in shape)}")
-            probe = self._probe(step, idents)
-            if probe is None:
-                return Reject("no_chain", f"{seed.id} fails on shape {tuple(v for v, _ in step.x_shape)}")
-            steps.append(step)
-            shape = name_output(step, probe[0])
-        return self._finish(steps, idents, shape)
+        with single_threaded():
+            chain = self._start(seeds[0], last=len(seeds) == 1)
+            for i, seed in enumerate(seeds[1:], 2):
+                if chain is None:
+                    break
+                chain = self._extend(chain, seed, last=i == len(seeds))
+            if chain is None:
+                return Reject("no_chain", f"{' -> '.join(s.id for s in seeds)}: shapes, dtypes or domains do not connect")
+            return self._finish(chain)
 
     # -- internals ------------------------------------------------------------------------
     def _probe(self, step: Step, idents: Idents) -> tuple | None:
@@ -743,9 +756,27 @@ class ProgrammaticComposer:
                 self._probes[key] = None
         return self._probes[key]
 
-    def _next(self, seed: Seed, shape: tuple, idents: Idents) -> Step | None:
+    def _start(self, seed: Seed, last: bool) -> _Chain | None:
+        idents = Idents()
+        step = first_step(seed, idents, self.config.scale)
+        return self._accept(_Chain([], idents, (), "", ""), step, idents, last)
+
+    def _extend(self, chain: _Chain, seed: Seed, last: bool) -> _Chain | None:
+        """The chain with `seed` appended, or None when it cannot take the chain's output."""
+        if chain.steps[-1].seed.id == seed.id or not _accepts_input(seed, chain.domain, chain.dtype):
+            return None
+        idents = chain.idents.copy()
         cfg = self.config
-        return next_step(seed, shape, idents, cfg.scale, cfg.allow_glue, cfg.allow_unsqueeze)
+        step = next_step(seed, chain.shape, idents, cfg.scale, cfg.allow_glue, cfg.allow_unsqueeze)
+        return None if step is None else self._accept(chain, step, idents, last)
+
+    def _accept(self, chain: _Chain, step: Step, idents: Idents, last: bool) -> _Chain | None:
+        probe = self._probe(step, idents)
+        if probe is None or (not last and not probe[0]):  # a scalar would feed nothing further
+            return None
+        if last and probe[1] not in self.config.final_dtypes:
+            return None
+        return _Chain(chain.steps + [step], idents, name_output(step, probe[0]), probe[1], step.seed.out_domain)
 
     def _weights(self, pool: Sequence[Seed]) -> list[float]:
         """Each family gets `family_weights[family]` (default 1) of the mass, split over its seeds."""
@@ -757,41 +788,22 @@ class ProgrammaticComposer:
         keys = [(rng.random() ** (1.0 / w) if w > 0 else -1.0, i) for i, w in enumerate(weights)]
         return [pool[i] for key, i in sorted(keys, reverse=True)[:n] if key >= 0]
 
-    def _grow(self, pool: Sequence[Seed], k: int, rng: random.Random):
-        cfg = self.config
+    def _grow(self, pool: Sequence[Seed], k: int, rng: random.Random) -> _Chain | None:
         weights = self._weights(pool)
-        idents = Idents()
-        first = self._order(pool, weights, rng, 1)[0]
-        step = first_step(first, idents, cfg.scale)
-        probe = self._probe(step, idents)
-        if probe is None or (k > 1 and not probe[0]):
-            return None
-        steps, shape, dtype, domain = [step], name_output(step, probe[0]), probe[1], first.out_domain
-        while len(steps) < k:
-            last = len(steps) == k - 1
-            for seed in self._order(pool, weights, rng, cfg.max_candidates):
-                if seed.id == steps[-1].seed.id or not _accepts_input(seed, domain, dtype):
-                    continue
-                trial = idents.copy()
-                step = self._next(seed, shape, trial)
-                if step is None:
-                    continue
-                probe = self._probe(step, trial)
-                if probe is None or (not last and not probe[0]):  # a scalar would feed nothing further
-                    continue
-                if last and probe[1] not in cfg.final_dtypes:
-                    continue
-                idents = trial
-                steps.append(step)
-                shape, dtype, domain = name_output(step, probe[0]), probe[1], seed.out_domain
-                break
+        chain = self._start(self._order(pool, weights, rng, 1)[0], last=k == 1)
+        while chain is not None and len(chain.steps) < k:
+            last = len(chain.steps) == k - 1
+            for seed in self._order(pool, weights, rng, self.config.max_candidates):
+                extended = self._extend(chain, seed, last)
+                if extended is not None:
+                    chain = extended
+                    break
             else:
                 return None
-        if k == 1 and dtype not in cfg.final_dtypes:
-            return None
-        return steps, idents, shape
+        return chain
 
-    def _finish(self, steps: Sequence[Step], idents: Idents, shape: tuple) -> Task | Reject:
+    def _finish(self, chain: _Chain) -> Task | Reject:
+        steps, idents, shape = chain.steps, chain.idents, chain.shape
         seeds = [s.seed for s in steps]
         name = "_".join(s.name for s in seeds)
         doc = " -> ".join(s.name for s in seeds)
@@ -854,6 +866,7 @@ class ComposeStep:
                 kept += 1
                 yield result
                 break
+        log.info("compose (%s): %s", self.config.composer, dict(self.stats))
 
 
 def compose_tasks(seeds: Iterable[Seed], config: ComposeConfig | None = None) -> list[Task]:

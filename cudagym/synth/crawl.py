@@ -330,7 +330,8 @@ LAYOUT = {
     "tensor_split": along(", 2, dim=1", "[0]"), "unbind": along(", dim=1", "[0]"),
     "hsplit": along(", 2", "[0]"), "vsplit": along(", 2", "[0]"),
     "dsplit": fn("FN(x, 2)[0]", accepts=("_", "_", "_", "...")),
-    "stack": fn("FN([x, other], dim=1)", _in("other"), accepts=ANY), "cat": fn("FN([x, other], dim=1)", _in("other"), accepts=R2),
+    "stack": fn("FN([x, other], dim=1)", _in("other"), accepts=ANY),
+    "cat": fn("FN([x, other], dim=1)", _in("other"), accepts=R2),
     "hstack": fn("FN([x, other])", _in("other"), accepts=ANY), "vstack": fn("FN([x, other])", _in("other"), accepts=ANY),
     "dstack": fn("FN([x, other])", _in("other"), accepts=ANY),
     "column_stack": fn("FN([x, other])", _in("other"), accepts=ANY), "tile": fn("FN(x, (1, 2))", accepts=ANY),
@@ -353,7 +354,8 @@ INDEXING = {
                      accepts=P4),
     "index_reduce": fn("FN(x, 1, index, source, 'amax')", _in("index", (4,), "perm", high="C"),
                        _in("source", ("B", 4, "H", "W")), accepts=P4),
-    "scatter_add": fn("FN(x, 1, index, src)", _in("index", LIKE_X, "index", high="C"), _in("src"), accepts=("B", "C", "...")),
+    "scatter_add": fn("FN(x, 1, index, src)", _in("index", LIKE_X, "index", high="C"), _in("src"),
+                      accepts=("B", "C", "...")),
     "scatter_reduce": fn("FN(x, 1, index, src, reduce='amax')", _in("index", LIKE_X, "index", high="C"), _in("src"),
                          accepts=("B", "C", "...")),
     "embedding": fn("FN(x, weight)", _param("weight", ("V", "E")), x=_x(("B", "S"), "index", "V")),
@@ -394,7 +396,8 @@ MATMUL = {
 }
 
 LINALG = {  # square inputs are symmetric positive definite ("spd") where the op needs it
-    "det": fn("FN(x)", x=_x(("B", 6, 6), "spd")),  # 6x6: larger SPD determinants overflow float32 "logdet": fn("FN(x)", x=_x(("B", "N", "N"), "spd")),
+    "det": fn("FN(x)", x=_x(("B", 6, 6), "spd")),  # 6x6: larger SPD determinants overflow float32
+    "logdet": fn("FN(x)", x=_x(("B", "N", "N"), "spd")),
     "slogdet": fn("FN(x).logabsdet", x=_x(("B", "N", "N"), "spd")), "inv": fn("FN(x)", x=_x(("B", "N", "N"), "spd")),
     "cholesky": fn("FN(x)", x=_x(("B", "N", "N"), "spd")), "eigvalsh": fn("FN(x)", x=_x(("B", "N", "N"), "spd")),
     "solve": fn("FN(x, rhs)", _in("rhs", ("B", "N", "K")), x=_x(("B", "N", "N"), "spd")),
@@ -482,7 +485,8 @@ FUNCTION_FAMILIES: dict[str, dict[str, Rule]] = {
 # idioms (bias add, scaling) distinct seeds.
 TENSOR_OPS: dict[str, Rule] = {
     "__add__": fn("x + other", _in("other"), accepts=ANY),
-    "__add__#bias": fn("x + bias", _param("bias", ("C", 1, 1)), accepts=("B", "C", "_", "_"), name="BiasAdd", variant="bias"),
+    "__add__#bias": fn("x + bias", _param("bias", ("C", 1, 1)), accepts=("B", "C", "_", "_"), name="BiasAdd",
+                       variant="bias"),
     "__sub__": fn("x - other", _in("other"), accepts=ANY),
     "__sub__#scalar": fn("x - 0.5", accepts=ANY, name="Subtract", variant="scalar"),
     "__mul__": fn("x * other", _in("other"), accepts=ANY),
@@ -612,7 +616,7 @@ for _nd, _shape in ((1, P3), (2, P4), (3, P5)):
 EXCLUSIONS: list[tuple[str, str, str]] = [
     ("inplace", r"^(?!__).*[a-z0-9]_$|^__i(add|sub|mul|truediv|floordiv|mod|pow|matmul|and|or|xor|lshift|rshift)__$",
      "in-place only"),
-    ("stochastic", r"(?i)dropout|^rand|bernoulli|multinomial|^normal$|poisson|gumbel|rrelu|fractional_?max_?pool"
+    ("stochastic", r"(?i)dropout|^rand|bernoulli|multinomial|^normal$|^poisson$|gumbel|rrelu|fractional_?max_?pool"
                    r"|^uniform$|cauchy|exponential|geometric|log_normal|binomial|dirichlet|seed$",
      "random by design (or in training mode)"),
     ("data_dependent_shape", r"^(nonzero|nonzero_static|unique|unique_consecutive|masked_select|argwhere|bincount)$",
@@ -754,18 +758,22 @@ def verify(seed: Seed) -> Seed:
         except Exception as e:  # noqa: BLE001
             meta_error = f"{type(e).__name__}: {str(e)[:160]}"
         try:
-            model, inputs, out = run_namespace(namespace, "cpu")
-            with torch.no_grad():
-                again = model(*inputs)
-            torch.manual_seed(0)
-            twin = namespace["Model"](*namespace["get_init_inputs"]())
-        except SeedError:
-            raise
+            with torch.device("cpu"), torch.no_grad():
+                models = []
+                for _ in range(2):  # two constructions under one seed must give the same weights
+                    torch.manual_seed(0)
+                    models.append(namespace["Model"](*namespace["get_init_inputs"]()))
+                    states = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
+                inputs = namespace["get_inputs"]()
+                out, again = models[0](*inputs), models[0](*inputs)
         except Exception as e:  # noqa: BLE001
             raise SeedError("failed_cpu", f"{type(e).__name__}: {str(e)[:200]}") from None
-    for (key, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+    for key, a in states[0].items():
+        b = states[1][key]
         if not (torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))):
             raise SeedError("nondeterministic_init", f"{key} differs between two constructions under one seed")
+    if not isinstance(out, torch.Tensor):
+        raise SeedError("non_tensor_output", f"forward returned {type(out).__name__}")
     deprecations = [str(w.message) for w in caught
                     if issubclass(w.category, (DeprecationWarning, FutureWarning)) or "deprecat" in str(w.message).lower()]
     if deprecations:
@@ -885,9 +893,8 @@ def _seed_from_rule(qualified: str, kind: str, family: str, rule: Rule) -> Seed:
                 modules=rule.modules, out_domain=rule.out_domain, family=family, name=display, variant=rule.variant)
 
 
-def _crawl(candidates: Iterable[tuple[str, str, str, Rule | None, str]], source: str,
-           dedupe_key=lambda seed: (seed.ops, seed.variant)) -> tuple[list[Seed], list[Skip]]:
-    """Verify candidates in order; the first seed per dedupe key wins."""
+def _crawl(candidates: Iterable[tuple[str, str, str, Rule | None, str]], source: str) -> tuple[list[Seed], list[Skip]]:
+    """Verify candidates in order; the first seed per (op label, variant) wins."""
     from cudagym.synth.compose import ops_from_code
 
     seeds, skips, seen = [], [], {}
@@ -896,7 +903,7 @@ def _crawl(candidates: Iterable[tuple[str, str, str, Rule | None, str]], source:
             code, _, detail = reason.partition(":")
             skips.append(Skip(qualified, code, detail, source))
             continue
-        seed = _seed_from_rule(qualified, kind, family, rule) if isinstance(rule, Rule) else rule
+        seed = _seed_from_rule(qualified, kind, family, rule)
         try:
             label = (tuple(ops_from_code(seed.to_task().code)), seed.variant)
         except Exception as e:  # noqa: BLE001
@@ -910,7 +917,7 @@ def _crawl(candidates: Iterable[tuple[str, str, str, Rule | None, str]], source:
         except SeedError as e:
             skips.append(Skip(seed.id, e.reason, e.detail, source))
             continue
-        seen[dedupe_key(verified)] = seed.id
+        seen[label] = seed.id
         seeds.append(verified)
     return seeds, skips
 
@@ -949,8 +956,8 @@ TRANSFORMERS_FAMILIES = (
 # substituted like every template (E: hidden size, J: FFN size, V: vocab, C: channels).
 SMALL_CONFIG = {
     "hidden_size": "E", "intermediate_size": "J", "num_attention_heads": "4", "num_key_value_heads": "2",
-    "head_dim": "E // 4", "num_hidden_layers": "1", "vocab_size": "V", "max_position_embeddings": "64",
-    "n_embd": "E", "n_head": "4", "n_inner": "J", "n_positions": "64", "n_layer": "1", "d_model": "E", "d_ff": "J",
+    "head_dim": "E // 4", "num_hidden_layers": "1", "vocab_size": "V", "max_position_embeddings": "8 * S",
+    "n_embd": "E", "n_head": "4", "n_inner": "J", "n_positions": "8 * S", "n_layer": "1", "d_model": "E", "d_ff": "J",
     "num_heads": "4", "d_kv": "E // 4", "ffn_dim": "J", "encoder_ffn_dim": "J", "decoder_ffn_dim": "J",
     "encoder_attention_heads": "4", "decoder_attention_heads": "4", "encoder_layers": "1", "decoder_layers": "1",
     "hidden_dropout_prob": "0.0", "attention_probs_dropout_prob": "0.0", "attention_dropout": "0.0", "dropout": "0.0",
@@ -960,7 +967,7 @@ SMALL_CONFIG = {
     "num_experts_per_tok": "2", "moe_intermediate_size": "J", "q_lora_rank": "16", "kv_lora_rank": "16",
     "qk_rope_head_dim": "4", "qk_nope_head_dim": "4", "v_head_dim": "8", "ffn_hidden_size": "J",
     "hidden_sizes": "[C, 2 * C]", "depths": "[1, 1]", "embedding_size": "E", "state_size": "8", "expand": "2",
-    "max_source_positions": "64", "max_target_positions": "64", "num_mel_bins": "8",
+    "max_source_positions": "8 * S", "max_target_positions": "8 * S", "num_mel_bins": "8",
     "bos_token_id": "0", "eos_token_id": "1", "pad_token_id": "0",
 }
 

@@ -1,0 +1,142 @@
+"""Stage 1 of synth: crawling seed operators from torch and transformers (cudagym/synth/crawl.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+
+import pytest
+import torch
+
+from cudagym.synth import crawl
+from cudagym.synth.crawl import KINDS, Seed, Skip, crawl_torch, crawl_transformers
+
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+@pytest.fixture(scope="module")
+def torch_crawl() -> tuple[list[Seed], list[Skip]]:
+    return crawl_torch()  # cached per process: the compose tests reuse it
+
+
+@pytest.fixture(scope="module")
+def transformers_crawl() -> tuple[list[Seed], list[Skip]]:
+    return crawl_transformers()
+
+
+def _run(task, seed: int = 0):
+    namespace: dict = {}
+    exec(compile(task.code, task.id, "exec"), namespace)
+    torch.manual_seed(seed)
+    model = namespace["Model"](*namespace["get_init_inputs"]())
+    inputs = namespace["get_inputs"]()
+    with torch.no_grad():
+        return model(*inputs), inputs
+
+
+def test_counts_meet_targets(torch_crawl, transformers_crawl):
+    seeds, _ = torch_crawl
+    assert len(seeds) >= 250
+    assert {s.kind for s in seeds} == {"nn_module", "functional", "tensor_op"}
+    t_seeds, t_skips = transformers_crawl
+    if HAS_TRANSFORMERS:
+        assert len(t_seeds) >= 50
+        assert {s.kind for s in t_seeds} == {"transformers_block"}
+    else:
+        assert t_seeds == [] and [s.reason for s in t_skips] == ["import_error"]
+
+
+def test_missing_transformers_is_one_skip_not_a_crash(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
+    seeds, skips = crawl._crawl_transformers_cached.__wrapped__()
+    assert seeds == () and len(skips) == 1
+    assert skips[0].reason == "import_error" and skips[0].detail
+
+
+def test_seed_records(torch_crawl, transformers_crawl):
+    for seed in torch_crawl[0] + transformers_crawl[0]:
+        assert seed.kind in KINDS and seed.qualified_name and seed.name
+        assert seed.arity == len(seed.input_ranks) >= 1
+        assert seed.output_rank == len(seed.output_shape)
+        assert seed.snippet and seed.ops
+        assert all(spec.domain in crawl.DOMAINS for spec in seed.inputs)
+    ids = [s.id for s in torch_crawl[0] + transformers_crawl[0]]
+    assert len(ids) == len(set(ids))
+    # one operator label per torch seed, and no two torch seeds share a label (dedup by label)
+    labels = [(s.ops, s.variant) for s in torch_crawl[0]]
+    assert all(len(ops) == 1 for ops, _ in labels) and len(labels) == len(set(labels))
+
+
+def test_seed_families_cover_the_issue_list(torch_crawl):
+    by_id = {s.id: s for s in torch_crawl[0]}
+    for name in ["torch.nn.Conv1d", "torch.nn.Conv2d", "torch.nn.Conv3d", "torch.nn.MaxPool2d", "torch.nn.Linear",
+                 "torch.nn.Bilinear", "torch.nn.LayerNorm", "torch.nn.GroupNorm", "torch.nn.CrossEntropyLoss",
+                 "torch.nn.GELU", "torch.matmul", "torch.cumsum", "torch.topk", "torch.gather", "torch.nn.ZeroPad2d",
+                 "torch.nn.Upsample", "torch.nn.MultiheadAttention", "torch.nn.LSTMCell", "torch.nn.Embedding",
+                 "torch.Tensor.__add__#bias"]:
+        assert name in by_id, name
+    assert by_id["torch.nn.Conv2d"].snippet == "nn.Conv2d(8, 16, 3)"
+    index_inputs = [spec for spec in by_id["torch.gather"].inputs if spec.domain == "index"]
+    assert index_inputs and index_inputs[0].dtype == "int64"
+
+
+def test_sampled_seed_tasks_run_on_cpu(torch_crawl, transformers_crawl):
+    seeds = torch_crawl[0][::9] + transformers_crawl[0][::6]
+    assert len(seeds) >= 50
+    for seed in seeds:
+        task = seed.to_task()
+        assert "class Model(nn.Module)" in task.code and "def get_init_inputs" in task.code
+        out, _ = _run(task)
+        assert isinstance(out, torch.Tensor), seed.id
+        assert tuple(out.shape) == seed.output_shape, seed.id
+
+
+def test_scale_multiplies_symbolic_dims(torch_crawl):
+    conv = next(s for s in torch_crawl[0] if s.id == "torch.nn.Conv2d")
+    small, large = conv.to_task(), conv.to_task(scale=2)
+    _, (x1,) = _run(small)
+    out, (x2,) = _run(large)
+    assert tuple(x2.shape) == tuple(2 * d for d in x1.shape)
+    assert out.shape[1] == 2 * conv.output_shape[1]  # out_channels scaled too; kernel size kept
+
+
+EXPECTED_SKIPS = {
+    "torch.nn.Dropout": "stochastic", "torch.nn.functional.dropout": "stochastic", "torch.nn.RReLU": "stochastic",
+    "torch.bernoulli": "stochastic", "torch.nn.functional.gumbel_softmax": "stochastic",
+    "torch.nonzero": "data_dependent_shape", "torch.unique": "data_dependent_shape",
+    "torch.masked_select": "data_dependent_shape", "torch.Tensor.add_": "inplace", "torch.relu_": "inplace",
+    "torch.nn.functional.relu_": "inplace", "torch.nn.Sequential": "container", "torch.nn.LazyLinear": "lazy",
+    "torch.fft.rfft": "complex_output", "torch.zeros": "factory", "torch.arccos": "alias",
+}
+
+
+def test_excluded_ops_are_skips_with_reasons(torch_crawl):
+    seeds, skips = torch_crawl
+    by_name = {s.qualified_name: s for s in skips}
+    for name, reason in EXPECTED_SKIPS.items():
+        assert by_name[name].reason == reason, name
+    assert all(s.reason and re.fullmatch(r"[a-z_]+", s.reason) for s in skips)
+    crawled = {s.qualified_name for s in seeds} | set(by_name)
+    assert {"torch.nn.Identity", "torch.histogram", "torch.linalg.svd"} <= crawled  # every name is accounted for
+
+
+def test_no_stochastic_seed(torch_crawl, transformers_crawl):
+    stochastic = re.compile(r"(?i)dropout|rand|bernoulli|multinomial|gumbel|rrelu|fractional")
+    seeds = torch_crawl[0] + transformers_crawl[0]
+    assert not [s.id for s in seeds if stochastic.search(s.qualified_name.rsplit(".", 1)[-1])]
+    for seed in seeds[::25]:  # two runs of one model on the same inputs agree
+        task = seed.to_task()
+        namespace: dict = {}
+        exec(task.code, namespace)
+        model = namespace["Model"](*namespace["get_init_inputs"]())
+        inputs = namespace["get_inputs"]()
+        with torch.no_grad():
+            assert torch.equal(model(*inputs), model(*inputs)), seed.id
+
+
+def test_verify_rejects_a_stochastic_seed():
+    seed = Seed("test.dropout", "functional", "F.dropout(x, 0.5)", (crawl.InputSpec("x", crawl.P4),), accepts=crawl.ANY)
+    with pytest.raises(crawl.SeedError) as e:
+        crawl.verify(seed)
+    assert e.value.reason == "stochastic"
