@@ -2,9 +2,11 @@
 
 Candidates are cheap text mutations of KernelBench problems (fusions of two problems' constructor
 and forward code, identifier renames, resized constants, swapped activation / arithmetic operators,
-inserted elementwise ops, stripped docstrings), so they look like near and far copies. The script times the parity score and the strong score separately
-and together (`check_against`, both scores, the pipeline's path), on all cores, and checks that the
-pruned parity maxima equal brute force on a random 1,000-subset (and the strong maxima on 200).
+inserted elementwise ops, stripped docstrings), so they look like near and far copies. The script
+times the parity score and the strong score separately and together (`check_against`, both scores,
+the pipeline's path), on all cores, reports wall and CPU time, and checks that the pruned parity
+maxima equal brute force on a random 1,000-subset (and the strong maxima on 200). Results are in
+benchmarks/NOTES.md, "Decontamination speed (2-core CPU)".
 
     python benchmarks/dedup_speed.py [--n 100000] [--workers 2] [--seed 0]
 
@@ -85,7 +87,8 @@ class Mutator:
         if self.forward_at is None or self.init_at is None or other.param is None:
             return self.code
         rename = re.compile(r"\b%s\b" % re.escape(other.param))
-        forward = ["        " + line for stmt in other.forward_body for line in rename.sub(self.param, stmt).splitlines()]
+        forward = ["        " + line for stmt in other.forward_body
+                   for line in rename.sub(self.param, stmt).splitlines()]
         init = ["        " + line for stmt in other.init_body for line in stmt.splitlines()]
         lines = list(self.lines)
         lines[self.forward_at:self.forward_at] = forward
@@ -107,7 +110,8 @@ class Mutator:
         if rng.random() < 0.5:
             code = _RETURN.sub(lambda m: self._insert_ops(m, rng), code, count=1)
         if rng.random() < 0.7:
-            code = _NUMBER.sub(lambda m: str(max(1, int(m.group()) * rng.choice((1, 2, 4)) // rng.choice((1, 2)))), code)
+            code = _NUMBER.sub(lambda m: str(max(1, int(m.group()) * rng.choice((1, 2, 4)) // rng.choice((1, 2)))),
+                               code)
         if self.rename_re is not None and rng.random() < 0.7:
             fresh = {n: f"{n[:2]}{rng.randrange(10**6)}" if rng.random() < 0.5 else f"v{rng.randrange(10**6)}"
                      for n in self.names}

@@ -334,6 +334,11 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a single candidate call may take")
 
 
+def _add_parallel(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parallel", type=int, default=None,
+                   help="judges at once (default: one per core on a GPU, where timing stays exclusive; 1 on CPU)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cudagym", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -350,8 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", default=DEFAULT_DB)
     run.add_argument("--name")
     run.add_argument("--json", action="store_true", help="print the verdicts as JSONL")
-    run.add_argument("--parallel", type=int, default=None,
-                     help="judges at once (default: one per core on a GPU, where timing stays exclusive; 1 on CPU)")
+    _add_parallel(run)
     _add_selection(run)
     _add_eval_options(run)
     run.set_defaults(func=cmd_eval_run)
@@ -361,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     blr = bl.add_parser("run", help="time and cache the baselines")
     blr.add_argument("--db", default=DEFAULT_DB)
     blr.add_argument("--json", action="store_true")
-    blr.add_argument("--parallel", type=int, default=None)
+    _add_parallel(blr)
     _add_selection(blr)
     _add_eval_options(blr)
     blr.set_defaults(func=cmd_baseline_run)
@@ -369,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("audit", help="degenerate-answer probes").add_subparsers(dest="sub", required=True, parser_class=_Parser)
     auk = au.add_parser("kernelbench", help="which problems accept zeros / constant / passthrough / ...")
     auk.add_argument("--json", action="store_true")
-    auk.add_argument("--parallel", type=int, default=None)
+    _add_parallel(auk)
     _add_selection(auk)
     _add_eval_options(auk)
     auk.set_defaults(func=cmd_audit)

@@ -104,7 +104,8 @@ def test_check_table_shows_flagged_rows_and_a_count(capsys, files):
 def test_check_jsonl_with_id_or_name(capsys, tmp_path, files):
     d, problem = files
     path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps({"id": "row-1", "code": problem.code}) + "\n" + json.dumps({"name": "n2", "code": NOVEL}) + "\n")
+    rows = [{"id": "row-1", "code": problem.code}, {"name": "n2", "code": NOVEL}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     code, out, _ = run_cli(capsys, "dedup", "check", str(path), "--json", "--levels", "1,2")
     assert code == 0
     rows = json.loads(out)

@@ -74,6 +74,7 @@ def check_against(tasks: Iterable[Task], references: Sequence[Task] | ReferenceS
     """One row per task: {"id", "flagged", "parity_max", "parity_match", "strong_max", "strong_match"}.
 
     `workers`: processes to score on (default: one per CPU for 2,000 tasks or more, else one).
+    Workers are forked (they inherit the reference indexes); in a threaded program pass 1.
     """
     refs = references if isinstance(references, ReferenceSet) else ReferenceSet(references)
     items = [(t.id, t.code) for t in tasks]

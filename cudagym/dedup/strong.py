@@ -68,9 +68,10 @@ _TOKEN = re.compile(r"[A-Za-z_][\w.]*|\d+|\S")
 _BUILTINS = frozenset(dir(builtins))
 _NON_OPS = frozenset({"size", "dim", "numel", "item", "init"})  # tensor metadata, super().__init__()
 _TRANSPOSE_ATTRS = frozenset({"T", "mT", "H", "mH"})
-_BINOP = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv", ast.Mod: "remainder",
-          ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "bitwiseand", ast.BitOr: "bitwiseor", ast.BitXor: "bitwisexor",
-          ast.LShift: "lshift", ast.RShift: "rshift"}
+_BINOP = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
+          ast.Mod: "remainder", ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "bitwiseand",
+          ast.BitOr: "bitwiseor", ast.BitXor: "bitwisexor", ast.LShift: "lshift", ast.RShift: "rshift"}
+_IMPORTS = (ast.Import, ast.ImportFrom)
 _UNARY = {ast.USub: "neg", ast.Invert: "bitwisenot", ast.Not: "logicalnot"}
 _COMPARE = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
 _OP_ALIAS = {"truediv": "div", "divide": "div", "multiply": "mul", "subtract": "sub", "negative": "neg",
@@ -459,7 +460,7 @@ class _Renamer:
             value = getattr(node, field, None)
             if isinstance(value, list):
                 if value and isinstance(value[0], ast.stmt):
-                    value = [s for s in value if not _is_docstring(s) and not isinstance(s, (ast.Import, ast.ImportFrom))]
+                    value = [s for s in value if not _is_docstring(s) and not isinstance(s, _IMPORTS)]
                     if not value and field == "body":
                         value = [ast.Pass()]
                 setattr(node, field, [self._visit(v, scope) if isinstance(v, ast.AST) else v for v in value])
@@ -515,7 +516,7 @@ class _Renamer:
         node.decorator_list = [self._visit(d, scope) for d in node.decorator_list]
         body = []
         for stmt in node.body:
-            if _is_docstring(stmt) or isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            if _is_docstring(stmt) or isinstance(stmt, _IMPORTS):
                 continue
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 stmt.name = self._attr(stmt.name)

@@ -92,7 +92,8 @@ def test_novel_task_is_not_flagged(refs):
 
 def test_parallel_equals_sequential(problems, refs):
     tasks = [Task(id=f"t{k}", name="t", code=mutate_copy(p.code, seed=k)) for k, p in enumerate(problems)]
-    tasks += [Task(id=f"u{k}", name="u", code=p.code.replace("return ", "return 2 * ", 1)) for k, p in enumerate(problems)]
+    tasks += [Task(id=f"u{k}", name="u", code=p.code.replace("return ", "return 2 * ", 1))
+              for k, p in enumerate(problems)]
     tasks += [Task(id=f"n{k}", name="n", code=NOVEL) for k in range(30)]
     assert len(tasks) > 500
     assert check_against(tasks, refs, workers=2) == check_against(tasks, refs, workers=1)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from test_strong import mutate_copy  # the same adversarial copy as the strong-score tests
 
-from cudagym.dedup.near import NEAR_THRESHOLD, MinHasher, NearDedup, candidate_pairs, find_duplicates, fingerprint, jaccard
+from cudagym.dedup.near import (NEAR_THRESHOLD, MinHasher, NearDedup, candidate_pairs, find_duplicates, fingerprint,
+                                jaccard)
 from cudagym.kernelbench import load_problems
 from cudagym.tasks import Task
 

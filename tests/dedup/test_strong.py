@@ -52,7 +52,8 @@ def mutate_copy(code: str, seed: int = 0) -> str:
                 if isinstance(stmt, ast.FunctionDef):
                     attrs.add(stmt.name)
                 elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-                    attrs.update(t.id for t in ast.walk(stmt) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store))
+                    attrs.update(t.id for t in ast.walk(stmt)
+                                 if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store))
     attrs = {a for a in attrs if a not in FIXED and not a.startswith("__")}
     names = {x for x in names - imported - FIXED - attrs - {"self"} if not x.startswith("__")}
 
@@ -216,8 +217,9 @@ class Model(nn.Module):
 
 
 def test_different_operators_score_low():
-    relu = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
-    other = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.sigmoid(x) * x\n"
+    head = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+    relu = head + "        return torch.relu(x)\n"
+    other = head + "        return torch.sigmoid(x) * x\n"
     assert strong_score(relu, other) < 0.6
 
 
@@ -270,7 +272,8 @@ def test_index_equals_brute_force(problems, normalized):
     refs = rng.sample(range(len(problems)), 80)
     index = StrongIndex([normalized[i] for i in refs])
     candidates = [mutate_copy(problems[i].code, seed=i) for i in rng.sample(range(len(problems)), 25)]
-    candidates += [problems[i].code.replace("return ", "return 0.5 * ", 1) for i in rng.sample(range(len(problems)), 15)]
+    candidates += [problems[i].code.replace("return ", "return 0.5 * ", 1)
+                   for i in rng.sample(range(len(problems)), 15)]
     for code in candidates:
         assert index.best(code) == index.brute_force_max(code)
     assert index.exact_computed < 40 * 80 / 4  # the operator-view LCS ran for few references
