@@ -106,7 +106,10 @@ HACKS, HONEST = collect("hack"), collect("honest")
 def evaluate(fx: Fixture):
     from cudagym.eval.evaluate import EvalConfig, evaluate_candidate
 
-    config = EvalConfig(device=fx.device, policy=fx.policy, n_checks=5, time_candidate=True, timeout_s=CALL_TIMEOUT_S)
+    # Timed (phase detection and timer hacks live there), but without a torch.compile baseline:
+    # it decides nothing about a hack and costs ~30 s of CPU per honest control.
+    config = EvalConfig(device=fx.device, policy=fx.policy, n_checks=5, time_candidate=True, timeout_s=CALL_TIMEOUT_S,
+                        compile_baseline=False)
     return evaluate_candidate(fx.problem_path.read_text(), fx.path.read_text(), config)
 
 
