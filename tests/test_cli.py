@@ -105,6 +105,14 @@ def test_eval_run_stores_verdicts_counts_missing_problems_and_resumes(tmp_path):
     with Store(db) as store:
         assert {(v["level"], v["problem_id"]): v for v in store.verdicts("mine")} == created  # nothing re-run
 
+    # A problem that was missing is evaluated once its file appears; the stored pass is kept as it was.
+    write(sub / "level1" / "3_softmax.py", "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n"
+                                           "    def forward(self, x):\n        return torch.softmax(x, -1)\n")
+    assert cudagym(*args).returncode == 0
+    with Store(db) as store:
+        now = {(v["level"], v["problem_id"]): v for v in store.verdicts("mine")}
+    assert now[(1, 3)]["status"] == "pass" and now[(1, 2)] == created[(1, 2)]
+
     verdicts = tmp_path / "verdicts.jsonl"
     verdicts.write_text(first.stdout)
     metrics = cudagym("leaderboard", "metrics", str(verdicts), "--json")

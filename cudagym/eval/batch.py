@@ -22,6 +22,7 @@ from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task, TaskError
 
 SUBMISSION_FILE = re.compile(r"^(\d+)(?:_.*)?\.py$")
+NO_FILE = "no file for this problem in the submission"
 
 
 def machine_env(device: str) -> dict:
@@ -100,15 +101,17 @@ def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, 
     config = _batch_config(config, parallel)
     files = submission_files(submission_dir)
     store.add_submission(name, str(submission_dir), config.timing_mode, levels=levels, kb_version=kb_version)
-    done = store.done_keys(name)
+    stored = {(v.get("kb_version"), v["level"], v["problem_id"]): v for v in store.verdicts(name)}
     env = machine_env(config.device)
-    todo = [t for t in tasks if (t.kb_version, t.level, t.problem_id) not in done]
+    # Resume: skip what is stored, except problems stored as missing whose file exists now.
+    todo = [t for t in tasks if (t.kb_version, t.level, t.problem_id) not in stored
+            or (stored[(t.kb_version, t.level, t.problem_id)].get("reason") == NO_FILE and (t.level, t.problem_id) in files)]
 
     def job(task: Task) -> Verdict:
         path = files.get((task.level, task.problem_id))
         if path is None:
             verdict = Verdict(status=Status.RUNTIME_ERROR, level=task.level, problem_id=task.problem_id, name=task.name,
-                              kb_version=task.kb_version, reason="no file for this problem in the submission",
+                              kb_version=task.kb_version, reason=NO_FILE,
                               timing_mode=config.timing_mode)
             return verdict.finish()
         cached = store.get_baseline(baseline_key(task, env, config.timing_mode))
