@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 
 
@@ -46,6 +47,9 @@ def _settings() -> dict:
         "matmul.allow_bf16_reduced_precision_reduction":
             lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
         "global_hooks": lambda: sum(len(v) for k, v in vars(nn_module).items() if k.startswith("_global_") and isinstance(v, dict)),
+        # A profile or trace hook runs candidate code inside the harness's own calls (e.g. to fill
+        # an output lazily while it is being handed over, after the timed window).
+        "interpreter_hooks": lambda: (sys.getprofile(), sys.gettrace(), threading.getprofile(), threading.gettrace()),
     }
     settings = {}
     for name, read in readers.items():
@@ -107,6 +111,8 @@ class Snapshot:
             flags["precision_downcast"] = [f"{k}={now[k]}" for k in settings_changed if k in PRECISION_SETTINGS]
         if "global_hooks" in settings_changed:
             flags.setdefault("monkeypatch", []).append("global module hooks")
+        if "interpreter_hooks" in settings_changed:
+            flags.setdefault("monkeypatch", []).append("profile/trace hook installed")
         py_now, os_now = thread_ids()
         new_threads = (py_now - self.threads[0]) | (os_now - self.threads[1])
         if new_threads:

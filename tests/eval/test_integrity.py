@@ -109,3 +109,18 @@ def test_new_thread_is_background_thread():
     assert set(flags) == {"background_thread"}
     assert "new thread" in flags["background_thread"][0]
     assert snap.changes() == {}  # gone again once it ended
+
+
+def test_profile_hook_is_monkeypatch():
+    """A profile hook runs candidate code inside the harness's calls (a lazy output fill)."""
+    import sys
+
+    snap = Snapshot.take()
+    previous = sys.getprofile()
+    sys.setprofile(lambda frame, event, arg: None)
+    try:
+        flags = snap.changes()
+    finally:
+        sys.setprofile(previous)
+    assert "profile/trace hook installed" in flags["monkeypatch"]
+    assert snap.changes() == {}
