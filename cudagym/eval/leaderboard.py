@@ -169,6 +169,10 @@ def speedup_svg(results: list[ProblemResult], width: int = 640, height: int = 26
 
 def _problem_set(submission: dict) -> tuple[list[tuple[int, int]] | None, str | None]:
     """The submission's problem set (None: only problems with a verdict), and a note when it is None."""
+    if not submission.get("kb_version") and submission.get("levels"):
+        # A task set: `eval run` stores a failed verdict for every task without a file, so the
+        # verdicts already are the whole problem set.
+        return None, None
     if not submission.get("kb_version") or not submission.get("levels"):
         return None, "levels or KernelBench version not recorded: only problems with a verdict are counted"
     try:
