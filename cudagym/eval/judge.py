@@ -214,7 +214,7 @@ class RunnerProcess:
 
     def _receive(self, timeout_s: float, what: str) -> dict:
         if not self.conn.poll(timeout_s):
-            self.close()
+            self.close(graceful=False)
             raise CandidateFailed("timeout", f"candidate did not answer '{what}' within {timeout_s:.0f} s")
         try:
             reply = json.loads(self.conn.recv_bytes())
@@ -259,9 +259,10 @@ class RunnerProcess:
         except OSError:
             return ""
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Ask the runner to exit (a hung one is not asked), then make sure it and its children are gone."""
         try:
-            if self.proc.poll() is None:
+            if graceful and self.proc.poll() is None:
                 self.conn.send_bytes(pickle.dumps({"op": "exit"}))
                 self.proc.wait(timeout=5)
         except Exception:
