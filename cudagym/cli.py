@@ -55,19 +55,19 @@ def _parallel(args: argparse.Namespace, device: str) -> int:
 
 
 def _eval_config(args: argparse.Namespace):
+    from cudagym.eval.checks import STRICT_TOLERANCE, Tolerance
     from cudagym.eval.evaluate import EvalConfig
 
     device = args.device or _default_device()
-    if device == "cuda":
-        device = "cuda:0"
     if device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda but no CUDA device is visible (use --device cpu)")
     try:
+        tol = STRICT_TOLERANCE if args.tolerance == "strict" else Tolerance()
         return EvalConfig(device=device, policy=args.policy, timing_mode=args.timing_mode, n_checks=args.n_checks,
-                          timeout_s=args.timeout)
+                          timeout_s=args.timeout, atol=tol.atol, rtol=tol.rtol)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -332,6 +332,8 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timing-mode", default="strict", help="strict (default) or paper")
     p.add_argument("--n-checks", type=int, default=5, help="fresh input sets per correctness check (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a single candidate call may take")
+    p.add_argument("--tolerance", choices=("paper", "strict"), default="paper",
+                   help="paper: atol = rtol = 1e-2 (CUDA Agent parity, default); strict: 1e-4")
 
 
 def _add_parallel(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cudagym.cli import main
+from cudagym.cli import _eval_config, build_parser, main
 from cudagym.eval.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,3 +162,13 @@ def test_python_dash_m_and_help_work():
     assert proc.returncode == 0 and "eval" in proc.stdout
     proc = cudagym("eval", "run", "--help")
     assert proc.returncode == 0 and "--problems" in proc.stdout
+
+
+def test_tolerance_option_selects_paper_parity_or_strict():
+    def config(*extra):
+        return _eval_config(build_parser().parse_args(["eval", "one", "--ref", "r.py", "--candidate", "c.py",
+                                                       "--device", "cpu", *extra]))
+
+    assert (config().atol, config().rtol) == (1e-2, 1e-2)
+    assert (config("--tolerance", "strict").atol, config("--tolerance", "strict").rtol) == (1e-4, 1e-4)
+    assert main(["eval", "one", "--ref", "r.py", "--candidate", "c.py", "--tolerance", "loose"]) == 1

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_job, run_reference_jobs, stop_live_judges
+from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_jobs, stop_live_judges
 from cudagym.eval.store import BaselineKey, Store
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task, TaskError

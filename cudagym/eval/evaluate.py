@@ -112,10 +112,13 @@ def validate_candidate(ref_code: str, candidate_code: str) -> None:
 
 
 def static_flags(ref_code: str, candidate_code: str, policy: str) -> list[str]:
-    from cudagym.eval.static import static_flags as flags_of
+    from cudagym.eval.static import reference_dtypes, static_flags as flags_of
 
-    low_precision = {d for d in ("float16", "bfloat16") if d in ref_code or d.replace("float16", "half") in ref_code}
-    return flags_of(candidate_code, policy=policy, task_dtypes=low_precision | {"float32"})
+    try:
+        task_dtypes = reference_dtypes(ref_code)
+    except SyntaxError:  # the judge reports a broken reference; here it only means no half types
+        task_dtypes = set()
+    return flags_of(candidate_code, policy=policy, task_dtypes=task_dtypes | {"float32"})
 
 
 def _cache_dirs() -> list[str]:

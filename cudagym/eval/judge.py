@@ -39,7 +39,7 @@ import torch
 
 from cudagym.eval import checks
 from cudagym.eval.gpulock import gpu_lock, memory_reservation
-from cudagym.eval.runner import set_fp32_precision
+from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.timing import Timer, adaptive_reps, profiler_kernel_ms, summarize
 from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
 
@@ -117,10 +117,6 @@ def widened(inputs: list, seed: int) -> list:
         else:
             out.append(x)
     return out
-
-
-def clone_inputs(inputs: list) -> list:
-    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
 
 
 def nbytes(items) -> int:

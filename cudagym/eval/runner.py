@@ -116,8 +116,8 @@ class Runner:
         # itself; every other call works on private memory, like timed calls. Either way this
         # process compares the inputs it passed with a copy taken before (CPU inputs arrive by
         # value, so here is the only place a write can be seen).
-        passed = inputs if guard and self.device.startswith("cuda") else _private(inputs)
-        pristine = _private(passed)
+        passed = inputs if guard and self.device.startswith("cuda") else clone_inputs(inputs)
+        pristine = clone_inputs(passed)
         with torch.no_grad():
             if guard:
                 with make_guard(record):
@@ -135,7 +135,7 @@ class Runner:
         allocated, as the judge's eager reference uses its own; inputs mapped from another process
         can run measurably slower)."""
         self.timing_sources = sets
-        self.timing_slots = [_private(sets[0]), _private(sets[0])]
+        self.timing_slots = [clone_inputs(sets[0]), clone_inputs(sets[0])]
         self.reply(ok=True)
 
     def op_rep(self, slot: int, content: int, buffers: list | None) -> None:
@@ -210,7 +210,8 @@ def _input_writes(passed: list, pristine: list) -> dict:
     return {"input_mutation": details} if details else {}
 
 
-def _private(inputs: list) -> list:
+def clone_inputs(inputs: list) -> list:
+    """Fresh copies of the tensors (memory this process owns); other inputs are immutable values."""
     return [x.clone() if hasattr(x, "clone") else x for x in inputs]
 
 
