@@ -1,6 +1,9 @@
 """Repeatability of speedups between two eval runs of the same submission, from a cudagym DuckDB.
 
-    python benchmarks/repeatability.py out/gpu.duckdb [--a reference-a] [--b reference-b]
+    python benchmarks/repeatability.py out/gpu.duckdb [--a reference-a] [--b reference-b] [--db-b other.duckdb]
+
+--db-b reads run b from another store (two runs made side by side, one per GPU, each writing its
+own DuckDB file, since a DuckDB file has one writer).
 
 Prints, per run, how many problems passed and its wall time (first to last stored verdict), and
 for problems that passed in both, the median and max relative difference of speedup_vs_eager and
@@ -8,6 +11,7 @@ speedup_vs_compile. Baseline count and time span too.
 """
 
 import argparse
+import contextlib
 import statistics
 
 from cudagym.eval.store import Store
@@ -23,19 +27,21 @@ def main() -> None:
     parser.add_argument("db")
     parser.add_argument("--a", default="reference-a")
     parser.add_argument("--b", default="reference-b")
+    parser.add_argument("--db-b", default=None)
     args = parser.parse_args()
-    with Store(args.db) as store:
+    with Store(args.db) as store, contextlib.ExitStack() as stack:
+        store_b = stack.enter_context(Store(args.db_b)) if args.db_b else store
         runs = {}
-        for name in (args.a, args.b):
-            verdicts = store.verdicts(name)
+        for name, source in ((args.a, store), (args.b, store_b)):
+            verdicts = source.verdicts(name)
             runs[name] = {(v["level"], v["problem_id"]): v for v in verdicts if v["status"] == "pass"}
             print(f"{name}: {len(runs[name])} of {len(verdicts)} passed")
         for field in ("speedup_vs_eager", "speedup_vs_compile"):
             diffs = relative_differences(runs[args.a], runs[args.b], field)
             if diffs:
                 print(f"{field}: n={len(diffs)} median rel. diff {statistics.median(diffs):.4f} max {max(diffs):.4f}")
-        for name in (args.a, args.b):
-            first, last = store.sql("select min(created), max(created) from verdicts where submission = ?", [name])[0]
+        for name, source in ((args.a, store), (args.b, store_b)):
+            first, last = source.sql("select min(created), max(created) from verdicts where submission = ?", [name])[0]
             if first:
                 print(f"{name}: verdicts stored from {first} to {last} ({(last - first).total_seconds():.0f} s)")
         n, first, last = store.sql("select count(*), min(created), max(created) from baselines")[0]

@@ -59,7 +59,7 @@ def _eval_config(args: argparse.Namespace):
     from cudagym.eval.evaluate import EvalConfig
 
     device = args.device or _default_device()
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and getattr(args, "runner", "local") == "local":  # a Ray driver needs no GPU
         import torch
 
         if not torch.cuda.is_available():
@@ -153,7 +153,7 @@ def cmd_eval_run(args) -> int:
     with _open_store(args.db) as store:
         verdicts = run_submission(args.submission_dir, tasks, store, name, config, parallel=_parallel(args, config.device),
                                   levels=args.levels if not args.problems else sorted({t.level for t in tasks}),
-                                  kb_version=kb_version)
+                                  kb_version=kb_version, runner=args.runner, address=args.address)
     rows = [v.to_dict() for v in verdicts]
     if args.json:
         for row in rows:
@@ -172,7 +172,8 @@ def cmd_baseline_run(args) -> int:
     config = _eval_config(args)
     tasks = _tasks(args)
     with _open_store(args.db) as store:
-        results = run_baselines(tasks, store, config, parallel=_parallel(args, config.device))
+        results = run_baselines(tasks, store, config, parallel=_parallel(args, config.device), runner=args.runner,
+                                address=args.address)
     rows = [{"id": t.id, "name": t.name, **{k: results[t.id].get(k) for k in ("t_eager_ms", "t_compile_ms", "reason")}}
             for t in tasks]
     if args.json:
@@ -186,7 +187,8 @@ def cmd_audit(args) -> int:
     from cudagym.eval.batch import run_audit
 
     config = _eval_config(args)
-    rows = run_audit(_tasks(args), config, parallel=_parallel(args, config.device))
+    rows = run_audit(_tasks(args), config, parallel=_parallel(args, config.device), runner=args.runner,
+                     address=args.address)
     if args.json:
         print(json.dumps(rows))
     else:
@@ -312,6 +314,54 @@ def cmd_dedup_check(args) -> int:
     return 0
 
 
+def _k_distribution(text: str) -> dict[int, float]:
+    """'1:0.1,2:0.8,3:0.1' or a JSON object -> {1: 0.1, 2: 0.8, 3: 0.1}."""
+    try:
+        pairs = json.loads(text).items() if text.strip().startswith("{") else (p.split(":") for p in text.split(","))
+        return {int(k): float(v) for k, v in pairs}
+    except (ValueError, AttributeError):
+        raise argparse.ArgumentTypeError(f"K distribution must look like 1:0.1,2:0.8,3:0.1, got {text!r}") from None
+
+
+def cmd_dataset_build(args) -> int:
+    from cudagym.synth.build import BuildConfig
+
+    llm = None
+    if args.composer == "llm":
+        from cudagym.synth.llm import LLMConfig
+
+        given = dict(model=args.model, base_url=args.base_url, api_key=args.api_key, concurrency=args.concurrency,
+                     max_retries=args.max_retries, timeout_s=args.llm_timeout, temperature=args.temperature,
+                     max_tokens=args.max_tokens)
+        cache = args.llm_cache or str(Path(args.out) / "llm_cache.duckdb")
+        llm = LLMConfig(cache_path=None if cache == "none" else cache, **{k: v for k, v in given.items() if v is not None})
+    device = args.device or _default_device()
+    config = BuildConfig(out=args.out, composer=args.composer, target=args.target, seed=args.seed, device=device,
+                         scale=args.scale, transformers=not args.no_transformers, kb_version=args.kb_version,
+                         min_eager_ms=args.min_eager_ms, max_eager_ms=args.max_eager_ms, task_timeout_s=args.timeout,
+                         parallel=args.parallel or (os.cpu_count() or 1), runner=args.runner, address=args.address,
+                         llm=llm, **({"k_distribution": args.k_distribution} if args.k_distribution else {}))
+    if args.prefect:
+        from cudagym.flows.build_dataset import build_dataset
+    else:
+        from cudagym.synth.build import build_dataset
+    funnel = build_dataset(config)
+    _print_table([{"stage": s["stage"], "in": s["in"], "kept": s["kept"],
+                   "dropped": ", ".join(f"{k} {v}" for k, v in sorted(s["dropped"].items(), key=lambda kv: -kv[1]))}
+                  for s in funnel["stages"]], ["stage", "in", "kept", "dropped"], "dataset funnel")
+    print(f"K: {', '.join(f'{k}: {n}' for k, n in funnel['k_distribution'].items())}")
+    print(f"wrote {Path(args.out) / 'dataset'} and {Path(args.out) / 'funnel.json'}")
+    return 0 if funnel["stages"][-1]["kept"] >= args.target else 2
+
+
+def cmd_dataset_publish(args) -> int:
+    from cudagym.synth.publish import publish
+
+    result = publish(args.dir, args.repo, dry_run=args.dry_run, out=args.out)
+    print(f"wrote {result} (README.md, data/train-00000-of-00001.parquet)" if args.dry_run else f"pushed {result}")
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 1 (argparse's default is usage text and exit 2)
@@ -338,7 +388,13 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
 
 def _add_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=int, default=None,
-                   help="judges at once (default: one per core on a GPU, where timing stays exclusive; 1 on CPU)")
+                   help="judges at once, per GPU with --runner ray (default: one per core on a GPU, where timing"
+                        " stays exclusive; 1 on CPU)")
+    p.add_argument("--runner", choices=("local", "ray"), default="local",
+                   help="local: judges on this machine (default); ray: one worker per GPU of a Ray cluster")
+    p.add_argument("--address", default=None,
+                   help="with --runner ray: the cluster to join (auto, host:port, ray://...; default: start a local"
+                        " one); pass --device cuda if this machine has no GPU")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -417,6 +473,42 @@ def build_parser() -> argparse.ArgumentParser:
     ddc.add_argument("--workers", type=int, default=None, help="processes (default: one per CPU for large inputs)")
     ddc.add_argument("--json", action="store_true", help="print every task's row as a JSON list")
     ddc.set_defaults(func=cmd_dedup_check)
+
+    ds = sub.add_parser("dataset", help="build and publish the fused-operator task set").add_subparsers(
+        dest="sub", required=True, parser_class=_Parser)
+    dsb = ds.add_parser("build", help="crawl, compose, dedup, decontaminate, filter, label, publish (resumable)")
+    dsb.add_argument("--out", default="out/dataset", help="build folder: build.duckdb, dataset/, funnel.json")
+    dsb.add_argument("--composer", choices=("programmatic", "llm"), default="programmatic")
+    dsb.add_argument("--target", type=int, default=200, help="rows to publish (default 200)")
+    dsb.add_argument("--seed", type=int, default=0)
+    dsb.add_argument("--device", default=None, help="where the filter runs: cuda or cpu (default: cuda if visible)")
+    dsb.add_argument("--scale", type=int, default=1, help="multiply composed tasks' dims (GPU-sized tasks: 8-32)")
+    dsb.add_argument("--k-distribution", type=_k_distribution, default=None,
+                     help="weights of K composed ops, e.g. 1:0.1,2:0.8,3:0.1 (default: the paper's)")
+    dsb.add_argument("--min-eager-ms", type=float, default=None, help="runtime window (default 1 ms on GPU, 0.01 on CPU)")
+    dsb.add_argument("--max-eager-ms", type=float, default=None, help="runtime window (default 100 ms on GPU, 1000 on CPU)")
+    dsb.add_argument("--timeout", type=float, default=300.0, help="seconds one task's filter run may take")
+    dsb.add_argument("--kb-version", default="v0.1", help="KernelBench version to decontaminate against")
+    dsb.add_argument("--no-transformers", action="store_true", help="torch seeds only")
+    dsb.add_argument("--prefect", action="store_true", help="run as the Prefect flow build_dataset")
+    llm = dsb.add_argument_group("llm composer (OpenAI-compatible endpoint)")
+    llm.add_argument("--model", help="model name (env CUDAGYM_LLM_MODEL)")
+    llm.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (env CUDAGYM_LLM_BASE_URL / OPENAI_BASE_URL)")
+    llm.add_argument("--api-key", help="API key (prefer env CUDAGYM_LLM_API_KEY / OPENAI_API_KEY)")
+    llm.add_argument("--concurrency", type=int, help="requests in flight (default 8)")
+    llm.add_argument("--max-retries", type=int, help="retries on 429 / timeout / 5xx (default 4)")
+    llm.add_argument("--llm-timeout", type=float, help="seconds per request (default 120)")
+    llm.add_argument("--temperature", type=float, help="sampling temperature (default 0.7)")
+    llm.add_argument("--max-tokens", type=int, help="completion token limit (default 2048)")
+    llm.add_argument("--llm-cache", help="DuckDB cache of answers (default OUT/llm_cache.duckdb; 'none' disables)")
+    _add_parallel(dsb)
+    dsb.set_defaults(func=cmd_dataset_build)
+    dsp = ds.add_parser("publish", help="publish a build to the Hugging Face Hub")
+    dsp.add_argument("dir", help="a `cudagym dataset build` output folder")
+    dsp.add_argument("--repo", required=True, help="OWNER/NAME of the Hub dataset repo")
+    dsp.add_argument("--dry-run", action="store_true", help="write the folder that would be uploaded (DIR/hub) and stop")
+    dsp.add_argument("--out", default=None, help="with --dry-run: where to write that folder (default DIR/hub)")
+    dsp.set_defaults(func=cmd_dataset_publish)
     return parser
 
 

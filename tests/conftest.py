@@ -32,3 +32,12 @@ def kernelbench_path() -> Path:
         if candidate.is_file():
             return candidate
     pytest.skip(f"no KernelBench file: set CUDAGYM_KERNELBENCH or provide {SHARED_KERNELBENCH}")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect server (SQLite) for the whole session: it takes 15-20 s to start."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

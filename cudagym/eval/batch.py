@@ -4,15 +4,22 @@ Judges run concurrently (`parallel` processes): building extensions and torch.co
 cores, while the GPU readers-writer lock keeps timing exclusive. The calling thread is the only
 DuckDB writer; every result is stored the moment it arrives, so a killed run resumes where it
 stopped.
+
+Where judges run is the runner's business (`open_pool`, `dispatch`): `local` is threads on this
+machine; `ray` is one worker per GPU of a Ray cluster (`cudagym.eval.ray_runner`). A job is a
+picklable callable of the `Worker` it lands on (that worker's config and machine), so the same
+jobs and the same recording serve both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -23,6 +30,7 @@ from cudagym.tasks import Task, TaskError
 
 SUBMISSION_FILE = re.compile(r"^(\d+)(?:_.*)?\.py$")
 NO_FILE = "no file for this problem in the submission"
+RUNNERS = ("local", "ray")
 
 
 def machine_env(device: str) -> dict:
@@ -77,104 +85,186 @@ def _batch_config(config: EvalConfig, parallel: int) -> EvalConfig:
 def _run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int, on_result: Callable[[object, object], None],
              description: str, total: int) -> None:
     """Run job thunks on `parallel` threads (each drives a subprocess), reporting with a progress bar."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    # Progress on stderr: stdout carries results (--json).
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress, ThreadPoolExecutor(max_workers=parallel) as pool:
-        bar = progress.add_task(description, total=total)
+    with progress_bar(description, total) as advance, ThreadPoolExecutor(max_workers=parallel) as pool:
         futures: dict[Future, object] = {pool.submit(thunk): key for key, thunk in jobs}
         try:
             for future in as_completed(futures):
                 on_result(futures[future], future.result())
-                progress.advance(bar)
+                advance()
         except BaseException:  # Ctrl-C or a timeout's SIGINT: stop at once; what is stored stays stored
             pool.shutdown(wait=False, cancel_futures=True)
             stop_live_judges()
             raise
 
 
+@contextlib.contextmanager
+def progress_bar(description: str, total: int):
+    """A progress bar on stderr (stdout carries results, --json); yields the function that advances it."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress:
+        bar = progress.add_task(description, total=total)
+        yield lambda: progress.advance(bar)
+
+
+# -- runners: where jobs run ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Worker:
+    """Where a job runs: the judge config for that worker's GPU (device, lock file, compile threads)
+    and the machine its baselines belong to (`machine_env`)."""
+
+    config: EvalConfig
+    env: dict
+
+
+Job = Callable[[Worker], object]  # for the ray runner picklable: a module-level function, or a partial of one
+
+
+class LocalPool:
+    """This machine: `parallel` threads, each driving a judge subprocess (the `local` runner)."""
+
+    def __init__(self, config: EvalConfig, parallel: int = 1):
+        self.parallel = parallel
+        self.worker = Worker(_batch_config(config, parallel), machine_env(config.device))
+        self.envs = [self.worker.env]
+
+    def run(self, jobs: Iterable[tuple[object, Job]], on_result: Callable[[object, object], None], description: str,
+            total: int) -> None:
+        _run_all(((key, partial(job, self.worker)) for key, job in jobs), self.parallel, on_result, description, total)
+
+    def __enter__(self) -> "LocalPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def open_pool(config: EvalConfig, parallel: int = 1, runner: str = "local", address: str | None = None):
+    """The workers jobs run on, as a context manager with `envs` (the machines of its workers) and
+    `run(jobs, on_result, description, total)`: `parallel` threads here (local), or one worker per GPU
+    of a Ray cluster with `parallel` judges each (ray: the cluster at `address`, else a local one)."""
+    if runner not in RUNNERS:
+        raise ValueError(f"unknown runner {runner!r} (choose from {', '.join(RUNNERS)})")
+    if runner == "ray":
+        from cudagym.eval.ray_runner import RayPool
+
+        return RayPool(config, parallel, address=address)
+    if address:
+        raise ValueError("--address is for --runner ray")
+    return LocalPool(config, parallel)
+
+
+def dispatch(jobs: Iterable[tuple[object, Job]], on_result: Callable[[object, object], None], config: EvalConfig,
+             parallel: int = 1, runner: str = "local", address: str | None = None, description: str = "jobs") -> None:
+    """Run every (key, job) on the runner's workers; on_result(key, result) runs in this thread (the
+    one DuckDB writer) once per job, as results arrive. Batch runs and the dataset filter use this."""
+    jobs = list(jobs)
+    with open_pool(config, parallel, runner, address) as pool:
+        pool.run(jobs, on_result, description, len(jobs))
+
+
+def _eval_job(task: Task, candidate_code: str, t_compile_ms: dict[BaselineKey, float | None],
+              worker: Worker) -> tuple[dict, Verdict]:
+    """A candidate on a worker, with the torch.compile time cached for that worker's machine if any."""
+    cached = t_compile_ms.get(baseline_key(task, worker.env, worker.config.timing_mode))
+    return worker.env, evaluate_candidate(task.code, candidate_code, worker.config, task=task, t_compile_ms=cached)
+
+
+def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], worker: Worker) -> tuple[dict, dict[str, dict]]:
+    """Reference runs (mode baseline, warm, audit or filter) of a few tasks in one judge, leaving out tasks
+    whose baseline the worker's machine has already; (machine, {task.id: result})."""
+    todo = [t for t in tasks if baseline_key(t, worker.env, worker.config.timing_mode) not in skip]
+    results = run_reference_jobs(todo, mode, worker.config) if todo else []
+    return worker.env, {t.id: r for t, r in zip(todo, results)}
+
+
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,
-                   parallel: int = 1, levels: list[int] | None = None, kb_version: str | None = None) -> list[Verdict]:
+                   parallel: int = 1, levels: list[int] | None = None, kb_version: str | None = None,
+                   runner: str = "local", address: str | None = None) -> list[Verdict]:
     """Evaluate every task against the submission's file for it; missing files count as failed."""
-    config = _batch_config(config, parallel)
     files = submission_files(submission_dir)
     store.add_submission(name, str(submission_dir), config.timing_mode, levels=levels, kb_version=kb_version)
     stored = {(v.get("kb_version"), v["level"], v["problem_id"]): v for v in store.verdicts(name)}
-    env = machine_env(config.device)
     # Resume: skip what is stored, except problems stored as missing whose file exists now.
     todo = [t for t in tasks if (t.kb_version, t.level, t.problem_id) not in stored
             or (stored[(t.kb_version, t.level, t.problem_id)].get("reason") == NO_FILE and (t.level, t.problem_id) in files)]
+    for task in todo:
+        if (task.level, task.problem_id) not in files:  # no judge needed
+            store.add_verdict(name, Verdict(status=Status.RUNTIME_ERROR, level=task.level, problem_id=task.problem_id,
+                                            name=task.name, kb_version=task.kb_version, reason=NO_FILE,
+                                            timing_mode=config.timing_mode).finish().to_dict())
+    todo = [t for t in todo if (t.level, t.problem_id) in files]
 
-    def job(task: Task) -> Verdict:
-        path = files.get((task.level, task.problem_id))
-        if path is None:
-            verdict = Verdict(status=Status.RUNTIME_ERROR, level=task.level, problem_id=task.problem_id, name=task.name,
-                              kb_version=task.kb_version, reason=NO_FILE,
-                              timing_mode=config.timing_mode)
-            return verdict.finish()
-        cached = store.get_baseline(baseline_key(task, env, config.timing_mode))
-        return evaluate_candidate(task.code, path.read_text(), config, task=task,
-                                  t_compile_ms=cached["t_compile_ms"] if cached else None)
-
-    def record(task: Task, verdict: Verdict) -> None:
+    def record(task: Task, result: tuple[dict, Verdict]) -> None:
+        env, verdict = result
         store.add_verdict(name, verdict.to_dict())
-        if verdict.t_compile_ms and verdict.t_eager_ms and not store.get_baseline(baseline_key(task, env, config.timing_mode)):
-            store.put_baseline(baseline_key(task, env, config.timing_mode),
-                               {"t_eager_ms": verdict.t_eager_ms, "t_compile_ms": verdict.t_compile_ms, "source": "eval"})
+        key = baseline_key(task, env, config.timing_mode)
+        if verdict.t_compile_ms and verdict.t_eager_ms and not store.get_baseline(key):
+            store.put_baseline(key, {"t_eager_ms": verdict.t_eager_ms, "t_compile_ms": verdict.t_compile_ms, "source": "eval"})
 
-    _run_all(((t, lambda t=t: job(t)) for t in todo), parallel, record, f"eval {name}", len(todo))
+    def job(task: Task, envs: list[dict]) -> Job:
+        keys = [baseline_key(task, env, config.timing_mode) for env in envs]
+        cached = {key: found.get("t_compile_ms") for key in keys if (found := store.get_baseline(key))}
+        return partial(_eval_job, task, files[(task.level, task.problem_id)].read_text(), cached)
+
+    if todo:  # a finished run starts no workers
+        with open_pool(config, parallel, runner, address) as pool:
+            pool.run(((t, job(t, pool.envs)) for t in todo), record, f"eval {name}", len(todo))
     wanted = {(t.kb_version, t.level, t.problem_id) for t in tasks}
     return [Verdict.from_dict(v) for v in store.verdicts(name) if (v.get("kb_version"), v["level"], v["problem_id"]) in wanted]
 
 
 def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1,
-                  chunk: int = 4) -> dict[str, dict]:
-    """Time eager and torch.compile for every task not cached yet; returns {task.id: record}."""
-    config = _batch_config(config, parallel)
-    env = machine_env(config.device)
-    todo = [t for t in tasks if store.get_baseline(baseline_key(t, env, config.timing_mode)) is None]
+                  chunk: int = 4, runner: str = "local", address: str | None = None) -> dict[str, dict]:
+    """Time eager and torch.compile for every task not cached yet for the workers' machines (a
+    cluster of one GPU model times each task once); returns {task.id: record}."""
     results: dict[str, dict] = {}
 
-    def record(task: Task, result: dict) -> None:
-        results[task.id] = result
-        if result.get("t_eager_ms") is not None:
-            store.put_baseline(baseline_key(task, env, config.timing_mode), result)
+    def record_chunk(chunk_tasks: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
+        env, by_id = result
+        for task in chunk_tasks:
+            if task.id in by_id:
+                results[task.id] = by_id[task.id]
+                if by_id[task.id].get("t_eager_ms") is not None:
+                    store.put_baseline(baseline_key(task, env, config.timing_mode), by_id[task.id])
 
-    # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
-    # timed, so they may share the GPU). Phase 2 times with the GPU held exclusively; its compiles
-    # are cache hits, so a judge waiting to time never waits long behind a compile. Each judge
-    # takes a few tasks, so process start-up and compiler initialisation are paid once for them.
-    chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
-    warm = ((c, lambda c=c: run_reference_jobs(c, "warm", config)) for c in chunks)
-    _run_all(warm, parallel, lambda c, r: None, f"compile, {chunk} problems per judge", len(chunks))
-
-    def record_chunk(chunk_tasks: list[Task], chunk_results: list[dict]) -> None:
-        for task, result in zip(chunk_tasks, chunk_results):
-            record(task, result)
-
-    jobs = ((c, lambda c=c: run_reference_jobs(c, "baseline", config)) for c in chunks)
-    _run_all(jobs, parallel, record_chunk, f"time, {chunk} problems per judge", len(chunks))
+    with open_pool(config, parallel, runner, address) as pool:
+        keys = {t.id: [baseline_key(t, env, config.timing_mode) for env in pool.envs] for t in tasks}
+        cached = {key for t in tasks for key in keys[t.id] if store.get_baseline(key) is not None}
+        todo = [t for t in tasks if not cached.issuperset(keys[t.id])]
+        chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
+        skips = [frozenset(key for t in c for key in keys[t.id] if key in cached) for c in chunks]
+        # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
+        # timed, so they may share the GPU). Phase 2 times with the GPU held exclusively; its compiles
+        # are cache hits, so a judge waiting to time never waits long behind a compile. Each judge
+        # takes a few tasks, so process start-up and compiler initialisation are paid once for them.
+        pool.run(((c, partial(reference_job, c, "warm", s)) for c, s in zip(chunks, skips)), lambda c, r: None,
+                 f"compile, {chunk} problems per judge", len(chunks))
+        pool.run(((c, partial(reference_job, c, "baseline", s)) for c, s in zip(chunks, skips)), record_chunk,
+                 f"time, {chunk} problems per judge", len(chunks))
+        env = pool.envs[0]
     for task in tasks:
         results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode)) or {})
     return results
 
 
-def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: int = 4) -> list[dict]:
+def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: int = 4, runner: str = "local",
+              address: str | None = None) -> list[dict]:
     """For every task, the degenerate probes its correctness check accepts (contract: `audit kernelbench`)."""
-    config = _batch_config(config, parallel)
     rows: dict[str, dict] = {}
 
-    def record(chunk_tasks: list[Task], results: list[dict]) -> None:
-        for task, result in zip(chunk_tasks, results):
+    def record(chunk_tasks: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
+        for task in chunk_tasks:
+            found = result[1][task.id]
             row = {"level": task.level, "problem_id": task.problem_id, "name": task.name,
-                   "accepts": result.get("accepts", [])}
-            if "accepts" not in result:
-                row["error"] = result.get("reason", "failed")
+                   "accepts": found.get("accepts", [])}
+            if "accepts" not in found:
+                row["error"] = found.get("reason", "failed")
             rows[task.id] = row
 
     chunks = [tasks[i:i + chunk] for i in range(0, len(tasks), chunk)]
-    _run_all(((c, lambda c=c: run_reference_jobs(c, "audit", config)) for c in chunks), parallel, record,
-             f"audit, {chunk} problems per judge", len(chunks))
+    dispatch(((c, partial(reference_job, c, "audit", frozenset())) for c in chunks), record, config, parallel, runner,
+             address, f"audit, {chunk} problems per judge")
     return [rows[t.id] for t in tasks]

@@ -59,6 +59,7 @@ class EvalConfig:
     min_reps: int = 10
     max_reps: int = 100
     max_timing_s: float = 10.0
+    task_timeout_s: float | None = None  # bound on one task's whole judge run; None: derived from the above
 
     def __post_init__(self):
         if self.device == "cuda":  # torch.cuda.set_device needs an index
@@ -77,6 +78,8 @@ class EvalConfig:
     @property
     def judge_timeout_s(self) -> float:
         """Upper bound on a whole judge run: build, checks (some doubled), timing, baselines."""
+        if self.task_timeout_s:
+            return self.task_timeout_s
         return self.build_timeout_s + (3 * self.n_checks + 10) * self.timeout_s + 4 * self.max_timing_s + 600
 
 
@@ -252,7 +255,9 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
     Tasks the process did not finish (it died or timed out), and tasks that ran out of memory
     beside other judges, are run again one per process."""
     request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks])
-    done = run_judge(request, replace(config, build_timeout_s=config.build_timeout_s * len(tasks))).get("results") or []
+    chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
+                           task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))
+    done = run_judge(request, chunk_config).get("results") or []
     results = []
     for i, task in enumerate(tasks):
         result = done[i] if i < len(done) else None

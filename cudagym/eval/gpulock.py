@@ -75,7 +75,7 @@ def _locked_ledger(path: str):
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.read(fd, 1 << 20)
         try:
-            entries = {k: int(v) for k, v in json.loads(raw or b"{}").items() if _alive(int(k))}
+            entries = {k: int(v) for k, v in json.loads(raw or b"{}").items() if alive(int(k))}
         except (ValueError, AttributeError):
             entries = {}
         yield entries
@@ -86,7 +86,7 @@ def _locked_ledger(path: str):
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True

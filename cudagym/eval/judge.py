@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import gc
 import hashlib
+import importlib
 import json
 import os
 import pickle
@@ -39,6 +41,7 @@ import torch
 
 from cudagym.eval import checks
 from cudagym.eval.gpulock import gpu_lock, memory_reservation
+from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.timing import Timer, adaptive_reps, profiler_kernel_ms, summarize
 from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
@@ -58,7 +61,7 @@ class CandidateFailed(Exception):
 
 @dataclass
 class Request:
-    mode: str  # "eval" | "baseline" | "warm" (compile only) | "audit"
+    mode: str  # "eval" | "baseline" | "warm" (compile only) | "audit" | "filter" (a synthesized task's fitness)
     ref_code: str
     workdir: str
     candidate_code: str | None = None
@@ -286,8 +289,11 @@ class Evaluation:
         """This evaluation's share of the GPU memory budget, held until it ends."""
         if not self.req.device.startswith("cuda"):
             return memory_reservation(None, 0, 0)
-        return memory_reservation(self.req.lock_path, footprint_bytes(self.ref, self.init_args),
-                                  memory_budget_bytes(self.req.device))
+        budget = memory_budget_bytes(self.req.device)
+        # A rerun after an OOM takes the whole budget: it waits until no other judge holds GPU memory
+        # (judges waiting for the exclusive lock keep theirs, so the lock alone would not free any).
+        need = budget if self.req.exclusive else footprint_bytes(self.ref, self.init_args)
+        return memory_reservation(self.req.lock_path, need, budget)
 
     def build_model(self) -> None:
         """Model with weights from the secret seed, on the device (under the GPU lock)."""
@@ -542,6 +548,10 @@ def evaluate(req: Request) -> dict:
         ev = Evaluation(req)
         with ev.reservation(), gpu_lock(req.lock_path, exclusive=req.exclusive):
             return {**result, **audit(ev)}
+    if req.mode == "filter":
+        ev = Evaluation(req)
+        with ev.reservation():
+            return {**result, **measure_task(ev)}
     runner = RunnerProcess(req)  # starts importing torch while the reference loads
     ev = Evaluation(req)
     phase_s, t0 = {}, time.perf_counter()
@@ -611,6 +621,75 @@ def audit(ev: Evaluation) -> dict:
     return {"accepts": sorted(accepted_all)}
 
 
+# Ops whose result depends on an RNG: a task using them has no single right answer to check against.
+STOCHASTIC_OPS = {"bernoulli", "bernoulli_", "native_dropout", "dropout", "feature_dropout", "alpha_dropout",
+                  "feature_alpha_dropout", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
+                  "randperm", "normal", "normal_", "uniform_", "exponential_", "geometric_", "cauchy_",
+                  "log_normal_", "random_", "multinomial", "poisson", "rrelu_with_noise", "_fused_dropout",
+                  "_standard_gamma", "_sample_dirichlet", "binomial"}
+
+
+def _non_finite(outputs: list[torch.Tensor]) -> list[int]:
+    return [i for i, t in enumerate(outputs) if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
+
+
+def measure_task(ev: Evaluation) -> dict:
+    """What the dataset filter needs to know about a task, measured in this sandboxed process; the
+    keep/drop decision is the driver's (`cudagym.synth.filter.decide`). Stops at the first failing
+    stage and names it: eager, ops, determinism, outputs, compile, timing."""
+    out: dict = {"stage": "eager"}
+    try:
+        _measure_task(ev, out)
+    except Exception as exc:  # the task's own failure, at the stage it reached
+        out["error"] = f"{type(exc).__name__}: {exc}"[:400]
+    return out
+
+
+def _measure_task(ev: Evaluation, out: dict) -> None:
+    req = ev.req
+    with gpu_lock(req.lock_path, exclusive=req.exclusive):
+        ev.build_model()
+        a = make_inputs(ev.ref, ev.new_seed(), req.device)
+        b = make_inputs(ev.ref, ev.new_seed(), req.device)
+        record = OpRecord()
+        with make_guard(record), torch.no_grad():
+            ref_a = checks.as_tensor_list(ev.model(*clone_inputs(a)))
+        out["aten_ops"] = sorted({short_name(n) for n in record.python_aten | record.cpp_aten})
+        stochastic = sorted(set(out["aten_ops"]) & STOCHASTIC_OPS)
+        out.update(stage="ops", stochastic_ops=stochastic)
+        if stochastic:
+            return
+        out["stage"] = "outputs"
+        out["output_shapes"] = [list(t.shape) for t in ref_a]
+        out["empty"] = [i for i, t in enumerate(ref_a) if t.numel() == 0]
+        out["non_finite"] = _non_finite(ref_a)
+        if out["empty"] or out["non_finite"]:
+            return
+        out["stage"] = "determinism"
+        out["rerun_mismatch"] = checks.compare(run_reference(ev.model, a), ref_a, ev.tol)
+        if out["rerun_mismatch"]:
+            return
+        out["stage"] = "outputs"
+        ref_b = run_reference(ev.model, b)
+        out["non_finite"] = _non_finite(ref_b)
+        out["degenerate"] = [] if out["non_finite"] else checks.accepted_probes(ref_a, a, ref_b, ev.tol)
+        if out["non_finite"] or out["degenerate"]:
+            return
+        out["stage"] = "compile"
+        compiled, out["compile_s"] = compile_reference(ev.model, [a], req.device)
+        with torch.no_grad():
+            out["compile_mismatch"] = checks.compare(checks.as_tensor_list(compiled(*clone_inputs(b))), ref_b, ev.tol)
+        if out["compile_mismatch"]:
+            return
+        del ref_a, ref_b
+    out["stage"] = "timing"
+    with gpu_lock(req.lock_path, exclusive=True):
+        t0 = time.perf_counter()
+        times = time_reference(ev.model, compiled, [a, b], req.device, req.timing_mode, req)
+        out["timing_s"] = time.perf_counter() - t0  # time holding the GPU alone
+    out.update(stage="done", t_eager_ms=times["t_eager_ms"], t_compile_ms=times.get("t_compile_ms"))
+
+
 def main(argv: list[str]) -> int:
     from cudagym.tasks.sandbox import isolate
 
@@ -619,6 +698,8 @@ def main(argv: list[str]) -> int:
         req = Request(**json.load(f))
     result_path = os.path.join(req.workdir, "result.json")
     sandbox = isolate(req.workdir, list(req.writable)) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
+    if req.device == "cpu":
+        share_inductor_headers()
     os.environ["TMPDIR"] = tempfile.tempdir = req.workdir  # the only writable place besides the build caches
     if req.ref_codes is None:
         result = evaluate_or_explain(req, sandbox)
@@ -627,10 +708,41 @@ def main(argv: list[str]) -> int:
             for code in req.ref_codes:
                 lines.write(json.dumps(evaluate_or_explain(dataclasses.replace(req, ref_code=code), sandbox)) + "\n")
                 lines.flush()
+                if not release_task_memory():
+                    break  # a sticky CUDA error: the driver reruns the remaining tasks, each in a new process
         result = {"status": "done"}
     with open(result_path, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def share_inductor_headers() -> None:
+    """Inductor builds its C++ precompiled headers (CPU kernels) under tempfile.gettempdir(), read
+    once when its codecache is imported. Import it while that points at the shared inductor cache,
+    not at this judge's workdir, so the headers are built once for all judges, not once per judge."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        return
+    saved, tempfile.tempdir = tempfile.tempdir, cache
+    try:
+        importlib.import_module("torch._inductor.codecache")
+    finally:
+        tempfile.tempdir = saved
+
+
+def release_task_memory() -> bool:
+    """Between the tasks of one judge: dynamo's caches hold the last task's compiled graph and so its
+    weights, and the caching allocator keeps freed blocks; both would outlive the task's reservation.
+    False when the CUDA context is broken (an illegal access is sticky), so the process must stop."""
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_initialized():
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:
+            return False
+    return True
 
 
 def evaluate_or_explain(req: Request, sandbox: str) -> dict:

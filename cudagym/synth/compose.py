@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import logging
 import math
 import random
 import re
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import libcst as cst
 
@@ -48,6 +49,9 @@ from cudagym.synth.crawl import (
     single_threaded,
 )
 from cudagym.tasks import Task, sha256_text
+
+if TYPE_CHECKING:
+    from cudagym.synth.llm import LLMConfig
 
 log = logging.getLogger(__name__)
 
@@ -641,7 +645,7 @@ def seed_snippet(seed: Seed) -> str:
 class Reject:
     """A composition that did not produce a task."""
 
-    reason: str  # stable code: no_chain, no_seeds, verify_failed, label_mismatch
+    reason: str  # stable code: no_chain, no_seeds, verify_failed, label_mismatch; llm_* (llm.REJECT_REASONS)
     detail: str = ""
 
 
@@ -650,6 +654,8 @@ class Composer(Protocol):
 
 
 COMPOSERS: dict[str, Callable[..., Composer]] = {}
+# Composers whose module has heavy imports (openai, duckdb): registered when first named.
+LAZY_COMPOSERS: Mapping[str, str] = {"llm": "cudagym.synth.llm"}
 
 
 def register_composer(name: str):
@@ -675,10 +681,14 @@ class ComposeConfig:
     max_candidates: int = 60  # seeds probed per chain position
     max_numel: int = 1 << 22  # largest intermediate tensor (elements) at the configured scale
     k_retries: int = 5  # compose() calls per sampled K before the step gives up on it
+    llm: LLMConfig | None = None  # the llm composer's endpoint and limits (None: LLMConfig() from the env)
 
     def __post_init__(self):
+        if self.composer not in COMPOSERS and self.composer in LAZY_COMPOSERS:
+            importlib.import_module(LAZY_COMPOSERS[self.composer])
         if self.composer not in COMPOSERS:
-            raise ValueError(f"unknown composer {self.composer!r}; known: {sorted(COMPOSERS)}")
+            known = sorted(set(COMPOSERS) | set(LAZY_COMPOSERS))
+            raise ValueError(f"unknown composer {self.composer!r}; known: {known}")
         ks = {int(k): float(p) for k, p in dict(self.k_distribution).items()}
         if not ks or any(k < 1 or k > 5 or p < 0 for k, p in ks.items()) or sum(ks.values()) <= 0:
             raise ValueError(f"k_distribution must weight K in 1..5: {self.k_distribution}")
@@ -834,16 +844,21 @@ def make_composer(config: ComposeConfig) -> Composer:
 
 class ComposeStep:
     """Pipeline step: seeds in, `config.n_tasks` composed tasks out (deterministic given config.seed).
-    `stats` counts `in` (compose calls), `kept` and `dropped_<reason>`; `rejects` keeps the rejects."""
+    `stats` counts `in` (compose calls), `kept` and `dropped_<reason>`; `rejects` keeps the rejects;
+    `composer_stats` the composer's own counters after a run (the llm composer: requests, tokens)."""
 
     def __init__(self, config: ComposeConfig | None = None):
         self.config = config or ComposeConfig()
         self.stats: Counter = Counter()
         self.rejects: list[Reject] = []
+        self.composer_stats: Counter = Counter()
 
     def run(self, seeds: Iterable[Seed]) -> Iterator[Task]:
         seeds = list(seeds)
         composer = make_composer(self.config)
+        if hasattr(composer, "compose_batch"):
+            yield from self._run_batched(seeds, composer)
+            return
         rng = random.Random(self.config.seed)
         seen: set[str] = set()
         kept = 0
@@ -867,6 +882,46 @@ class ComposeStep:
                 yield result
                 break
         log.info("compose (%s): %s", self.config.composer, dict(self.stats))
+
+    def _run_batched(self, seeds: list[Seed], composer) -> Iterator[Task]:
+        """`run` for a composer with `pick(seeds, k, rng)`, `compose_batch([(seeds, k), ...])` and
+        `concurrency` (the llm composer): K and the seeds are drawn here, with the step's rng, then up
+        to `concurrency` compositions run at once. Results are taken in request order, so the output
+        depends only on config.seed (and the answers). A rejected (or duplicate) K is queued again, up
+        to `k_retries` tries, so the K mix follows the config as in `run`."""
+        cfg = self.config
+        rng = random.Random(cfg.seed)
+        seen: set[str] = set()
+        kept = 0
+        budget = cfg.n_tasks * cfg.k_retries * 2
+        again: deque[tuple[int, int]] = deque()  # (K, tries so far) to compose again
+        width = max(1, int(getattr(composer, "concurrency", 1)))
+        try:
+            while kept < cfg.n_tasks and self.stats["in"] < budget:
+                slots = [again.popleft() if again else (sample_k(cfg.k_distribution, rng), 0)
+                         for _ in range(min(width, cfg.n_tasks - kept, budget - self.stats["in"]))]
+                requests = [(composer.pick(seeds, k, rng), k) for k, _ in slots]
+                for (k, tries), result in zip(slots, composer.compose_batch(requests)):
+                    self.stats["in"] += 1
+                    if isinstance(result, Reject):
+                        self.stats[f"dropped_{result.reason}"] += 1
+                        self.rejects.append(result)
+                    elif result.sha256 in seen:
+                        self.stats["dropped_duplicate"] += 1
+                    else:
+                        seen.add(result.sha256)
+                        self.stats["kept"] += 1
+                        self.stats[f"k{k}"] += 1
+                        kept += 1
+                        yield result
+                        continue
+                    if tries + 1 < cfg.k_retries:
+                        again.append((k, tries + 1))
+        finally:
+            self.composer_stats = Counter(getattr(composer, "stats", {}))
+            if hasattr(composer, "close"):
+                composer.close()
+        log.info("compose (%s): %s; composer: %s", cfg.composer, dict(self.stats), dict(self.composer_stats))
 
 
 def compose_tasks(seeds: Iterable[Seed], config: ComposeConfig | None = None) -> list[Task]:

@@ -1,0 +1,113 @@
+"""The filter stage on a GPU: compose programmatic candidates at GPU scale and filter them.
+
+    python benchmarks/gpu_filter.py OUT.json --scales 16,24,32 --n 400 --parallel 16 [--seconds 480]
+
+Composes about `--n` candidates per scale (`--compose-procs` processes per scale with different
+seeds, in parallel: composing is single-threaded CPU work), then filters them all with the GPU runtime window (default 1-100 ms)
+and writes the funnel, the throughput (candidates per minute; CPU-side compile seconds against
+seconds holding the GPU alone) and the eager-runtime distribution per scale to OUT.json. Needs
+torch, libcst and duckdb only (no datasets, prefect or openai), so it runs on the GPU box as is.
+`--seconds` stops the filter cleanly so a bounded device call still returns what was measured.
+"""
+
+from __future__ import annotations
+
+import _thread
+import argparse
+import json
+import math
+import statistics
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+
+
+def compose(scale: int, n: int, seed: int) -> list[dict]:
+    from cudagym.synth.compose import ComposeConfig, compose_tasks
+    from cudagym.synth.crawl import crawl_torch
+
+    seeds, _ = crawl_torch()
+    # intermediates may grow with the scale's square (most tasks are rank 2-4), not its full power
+    config = ComposeConfig(n_tasks=n, seed=seed, scale=scale, max_numel=min((1 << 22) * scale * scale, 1 << 28))
+    return [{"id": t.id, "name": t.name, "code": t.code, "k": t.provenance["k"], "scale": scale}
+            for t in compose_tasks(seeds, config)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--scales", default="16,24,32")
+    parser.add_argument("--n", type=int, default=400, help="candidates per scale")
+    parser.add_argument("--parallel", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=480)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--compose-procs", type=int, default=4, help="processes composing each scale")
+    args = parser.parse_args()
+
+    from cudagym.synth.filter import FilterConfig, run_filter
+    from cudagym.tasks import Task
+
+    t0 = time.time()
+    scales = [int(s) for s in args.scales.split(",")]
+    jobs = [(scale, math.ceil(args.n / args.compose_procs), 1000 * scale + j) for scale in scales
+            for j in range(args.compose_procs)]
+    with ProcessPoolExecutor(len(jobs)) as pool:
+        parts = pool.map(compose, *zip(*jobs))
+        rows = list({r["id"]: r for part in parts for r in part}.values())
+    compose_s = time.time() - t0
+    tasks = [Task(id=r["id"], name=r["name"], code=r["code"], provenance=r) for r in rows]
+    print(f"composed {len(tasks)} candidates in {compose_s:.0f} s", flush=True)
+
+    results: dict[str, dict] = {}
+    config = FilterConfig(device=args.device, parallel=args.parallel, chunk=4, task_timeout_s=240)
+    stopped = threading.Event()
+
+    def stop() -> None:  # an interrupted batch kills its judges; what they had not finished stays unmeasured
+        stopped.set()
+        _thread.interrupt_main()
+
+    def record(task: Task, result) -> None:
+        if not stopped.is_set():
+            results[task.id] = {**result.to_dict(), "compile_s": result.compile_s, "timing_s": result.timing_s,
+                                "scale": task.provenance["scale"]}
+
+    timer = threading.Timer(args.seconds, stop)
+    timer.start()
+    t1 = time.time()
+    try:
+        run_filter(tasks, config, record)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        timer.cancel()
+    filter_s = time.time() - t1
+
+    done = list(results.values())
+    report = {
+        "candidates": len(tasks), "filtered": len(done), "compose_s": round(compose_s, 1),
+        "filter_wall_s": round(filter_s, 1),
+        "candidates_per_min": round(len(done) / filter_s * 60, 1) if filter_s else None,
+        "sum_compile_s": round(sum(r["compile_s"] or 0 for r in done), 1),
+        "sum_gpu_exclusive_s": round(sum(r["timing_s"] or 0 for r in done), 1),
+        "funnel": dict(Counter("kept" if r["keep"] else r["reason"] for r in done)),
+        "per_scale": {},
+        "device": next((r["device"] for r in done if r["device"]), ""),
+    }
+    for scale in scales:
+        mine = [r for r in done if r["scale"] == scale]
+        eager = sorted(r["t_eager_ms"] for r in mine if r["t_eager_ms"])
+        report["per_scale"][scale] = {
+            "filtered": len(mine), "funnel": dict(Counter("kept" if r["keep"] else r["reason"] for r in mine)),
+            "eager_ms_p10_p50_p90": [eager[int(q * (len(eager) - 1))] for q in (0.1, 0.5, 0.9)] if eager else None,
+            "eager_ms_log10_histogram": dict(sorted(Counter(math.floor(math.log10(max(t, 1e-4)))
+                                                            for t in eager).items())),
+            "median_compile_s": statistics.median([r["compile_s"] for r in mine if r["compile_s"]] or [0]),
+        }
+    with open(args.out, "w") as f:
+        json.dump({"report": report, "results": results}, f, indent=1)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The dataset build as a Prefect flow: the stages of `cudagym.synth.build`, one Prefect task each.
+
+The flow only sequences calls; every stage is the plain function the CLI runs too, and every
+stage's result lives in the build's DuckDB file, so a failed or cancelled flow run resumes where it
+stopped when it is run again. Tasks pass paths and small summaries, never task lists.
+
+    cudagym dataset build --out DIR --prefect     # or: python -m cudagym.flows.build_dataset
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect import task as ptask
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from cudagym.synth import build
+from cudagym.synth.build import BuildConfig, BuildStore
+
+# No task result caching: every stage reads the build's store, which changes between calls.
+
+
+def _store(config: BuildConfig) -> BuildStore:
+    return BuildStore(Path(config.out) / "build.duckdb")
+
+
+@ptask(cache_policy=NO_CACHE, name="crawl")
+def crawl(config: BuildConfig) -> dict:
+    return build.crawl_stage(config)[1]
+
+
+@ptask(cache_policy=NO_CACHE, name="compose")
+def compose(config: BuildConfig, n_tasks: int) -> int:
+    seeds, _ = build.crawl_stage(config)  # cached per process: the seed list never leaves this task
+    with _store(config) as store:
+        return build.compose_stage(store, seeds, config, build.next_round(store), n_tasks)
+
+
+@ptask(cache_policy=NO_CACHE, name="dedup, decontaminate, filter, label")
+def select(config: BuildConfig, filter_more: int) -> tuple[int, list[dict]]:
+    with _store(config) as store:
+        labelled, stages = build.select(store, config, filter_more)
+        return len(labelled), stages
+
+
+@ptask(cache_policy=NO_CACHE, name="filter batch")
+def filter_batch(config: BuildConfig, missing: int) -> int:
+    with _store(config) as store:
+        return build.filter_batch(store, config, missing)
+
+
+@ptask(cache_policy=NO_CACHE, name="unfiltered")
+def unfiltered(config: BuildConfig) -> int:
+    with _store(config) as store:
+        return build.unfiltered(store, config)
+
+
+@ptask(cache_policy=NO_CACHE, name="publish")
+def publish(config: BuildConfig, crawl_entry: dict) -> dict:
+    with _store(config) as store:
+        labelled, stages = build.select(store, config)
+        return build.publish_stage(config, build.dataset_rows(store, labelled), [crawl_entry] + stages)
+
+
+@flow(name="build_dataset", log_prints=True)
+def build_dataset(config: BuildConfig) -> dict:
+    """`cudagym.synth.build.build_dataset`, stage by stage, with the funnel as flow artifacts."""
+    logger = get_run_logger()
+    with _store(config) as store:
+        store.check_identity(config.identity())
+    crawl_entry = crawl(config)
+    for _ in range(config.max_rounds):
+        n_rows, _ = select(config, 0)
+        missing = config.target - n_rows
+        if missing <= 0:
+            break
+        wanted = filter_batch(config, missing)
+        pending = unfiltered(config)
+        if pending < wanted:
+            compose(config, wanted - pending)
+        n_rows, _ = select(config, wanted)
+        logger.info("%d of %d rows", n_rows, config.target)
+    funnel = publish(config, crawl_entry)
+    create_table_artifact(key="funnel", table=[{"stage": s["stage"], "in": s["in"], "kept": s["kept"],
+                                                "dropped": ", ".join(f"{k} {v}" for k, v in s["dropped"].items())}
+                                               for s in funnel["stages"]], description="cudagym dataset funnel")
+    create_markdown_artifact(key="k-distribution", markdown="| K | rows |\n|---|---|\n" + "\n".join(
+        f"| {k} | {n} |" for k, n in funnel["k_distribution"].items()))
+    return funnel
+
+
+if __name__ == "__main__":
+    import sys
+
+    build_dataset(BuildConfig(out=sys.argv[1] if len(sys.argv) > 1 else "out/dataset"))

@@ -1,0 +1,416 @@
+"""A dataset build: crawl, compose, dedup, decontaminate, filter, label, publish, resumable.
+
+Each stage is a plain function over the build's DuckDB file (`BUILD/build.duckdb`); the Prefect flow
+`cudagym.flows.build_dataset` wraps the same functions as tasks. Every result is stored the moment
+it exists, so a killed build loses nothing and a rerun does only what is missing:
+
+- crawl: seed operators (torch, transformers), recomputed each run (seconds, deterministic);
+- compose: candidates, stored with their compose order (`seq`); round r composes with seed + r;
+- dedup: exact (normalised-AST hash) and near (MinHash LSH) duplicates among all candidates, the
+  earliest candidate of each cluster kept: computed from the table, so it is stable across rounds;
+- decontaminate: parity and strong similarity of every candidate against KernelBench L1-3, stored;
+- filter: the sandboxed eager / compile / determinism / degeneracy / runtime checks (the expensive
+  stage, hence last before labelling), stored per candidate;
+- label: `ops` and `data_source` from the code's AST (`compose.ops_from_code`), never a composer's claim;
+- publish: the first `target` kept candidates, in compose order, as `BUILD/dataset/` (parquet + card)
+  and `BUILD/funnel.json`.
+
+Rounds repeat compose..filter until `target` rows survive or `max_rounds` is reached. Stages run
+in the order cheapest-first, so the filter only sees unique, uncontaminated candidates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Mapping
+
+import duckdb
+
+from cudagym.synth.compose import PAPER_K_DISTRIBUTION, ComposeConfig, ComposeStep, data_source_of, ops_from_code
+from cudagym.synth.filter import FilterConfig, FilterResult, run_filter
+from cudagym.tasks import Task, TaskError
+
+log = logging.getLogger(__name__)
+
+STAGES = ("crawl", "compose", "dedup", "decontaminate", "filter", "label", "publish")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    out: str
+    composer: str = "programmatic"
+    target: int = 200
+    seed: int = 0
+    device: str = "cpu"
+    scale: int = 1  # multiplies every symbolic dim of composed tasks (GPU-sized tasks need more)
+    k_distribution: Mapping[int, float] = field(default_factory=lambda: dict(PAPER_K_DISTRIBUTION))
+    transformers: bool = True  # crawl transformers seeds too (skipped with a reason if not installed)
+    oversample: float = 1.1  # margin on the candidates a round filters, beyond what the yield so far predicts
+    max_rounds: int = 6
+    kb_version: str = "v0.1"  # KernelBench version decontaminated against (levels 1-3)
+    min_eager_ms: float | None = None  # None: the device's default window (filter.GPU_WINDOW_MS / CPU_WINDOW_MS)
+    max_eager_ms: float | None = None
+    task_timeout_s: float = 300.0
+    parallel: int = 2
+    runner: str = "local"
+    address: str | None = None
+    llm: object | None = None  # cudagym.synth.llm.LLMConfig for composer "llm"
+
+    def __post_init__(self):
+        if self.target < 1:
+            raise ValueError("target must be at least 1")
+        if self.oversample < 1:
+            raise ValueError("oversample must be >= 1")
+        self.compose_config(0)
+        self.filter_config()
+
+    def compose_config(self, round_: int, n_tasks: int = 1) -> ComposeConfig:
+        return ComposeConfig(composer=self.composer, n_tasks=n_tasks, k_distribution=self.k_distribution,
+                             seed=self.seed * 1000 + round_, scale=self.scale, llm=self.llm)
+
+    def filter_config(self) -> FilterConfig:
+        return FilterConfig(device=self.device, min_eager_ms=self.min_eager_ms, max_eager_ms=self.max_eager_ms,
+                            task_timeout_s=self.task_timeout_s, parallel=self.parallel, runner=self.runner,
+                            address=self.address)
+
+    def identity(self) -> dict:
+        """What the stored work depends on: a rerun with other values must not mix with it."""
+        return {"composer": self.composer, "seed": self.seed, "device": self.device, "scale": self.scale,
+                "k_distribution": {str(k): v for k, v in sorted(dict(self.k_distribution).items())},
+                "transformers": self.transformers, "kb_version": self.kb_version,
+                "window_ms": list(self.filter_config().window_ms),
+                "model": getattr(self.llm, "model", None)}
+
+    def command_flags(self) -> dict:
+        """The flags of `cudagym dataset build` that regenerate this build (for the data card)."""
+        flags = {"out": Path(self.out).name, "composer": self.composer, "target": self.target, "seed": self.seed,
+                 "device": self.device, "scale": self.scale if self.scale != 1 else None,
+                 "min_eager_ms": self.min_eager_ms, "max_eager_ms": self.max_eager_ms,
+                 "kb_version": self.kb_version if self.kb_version != "v0.1" else None,
+                 "no_transformers": not self.transformers}
+        if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):
+            flags["k_distribution"] = {str(k): v for k, v in sorted(dict(self.k_distribution).items())}
+        if self.llm is not None:
+            flags["model"] = self.llm.model
+        return flags
+
+
+# -- the build's store ----------------------------------------------------------------------------
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+    """CREATE TABLE IF NOT EXISTS candidates (seq INTEGER PRIMARY KEY, sha256 VARCHAR UNIQUE, id VARCHAR,
+        name VARCHAR, code VARCHAR, provenance VARCHAR, round INTEGER, created TIMESTAMP)""",
+    "CREATE TABLE IF NOT EXISTS compose_rounds (round INTEGER PRIMARY KEY, stats VARCHAR, rejects VARCHAR)",
+    """CREATE TABLE IF NOT EXISTS decontam (sha256 VARCHAR PRIMARY KEY, flagged BOOLEAN, reason VARCHAR,
+        parity_max DOUBLE, parity_match VARCHAR, strong_max DOUBLE, strong_match VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS filtered (sha256 VARCHAR PRIMARY KEY, keep BOOLEAN, reason VARCHAR,
+        detail VARCHAR, t_eager_ms DOUBLE, t_compile_ms DOUBLE, device VARCHAR, created TIMESTAMP)""",
+)
+
+
+class BuildStore:
+    """The build's DuckDB file. One process holds it; every write commits at once."""
+
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = duckdb.connect(str(path))
+        except duckdb.Error as e:
+            raise TaskError(f"cannot open build store {path}: {str(e).splitlines()[0]}") from None
+        for statement in _SCHEMA:
+            self.db.execute(statement)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "BuildStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def check_identity(self, identity: dict) -> None:
+        """A build folder belongs to one configuration (the target may change between runs)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'identity'").fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES ('identity', ?)", [json.dumps(identity, sort_keys=True)])
+        elif json.loads(row[0]) != json.loads(json.dumps(identity, sort_keys=True)):
+            old = json.loads(row[0])
+            diff = sorted(k for k in set(old) | set(identity) if old.get(k) != json.loads(json.dumps(identity)).get(k))
+            raise TaskError(f"this build folder was made with other settings ({', '.join(diff)}); "
+                            "use another --out or the same settings")
+
+    # candidates
+    def candidates(self) -> list[tuple[int, Task]]:
+        rows = self.db.execute("SELECT seq, id, name, code, provenance FROM candidates ORDER BY seq").fetchall()
+        return [(seq, Task(id=id_, name=name, code=code, source="synth", provenance=json.loads(prov)))
+                for seq, id_, name, code, prov in rows]
+
+    def add_candidates(self, tasks: list[Task], round_: int) -> int:
+        seq = self.db.execute("SELECT coalesce(max(seq), 0) FROM candidates").fetchone()[0]
+        known = {r[0] for r in self.db.execute("SELECT sha256 FROM candidates").fetchall()}
+        added = 0
+        for task in tasks:
+            if task.sha256 in known:
+                continue
+            seq += 1
+            known.add(task.sha256)
+            self.db.execute("INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, now())",
+                            [seq, task.sha256, task.id, task.name, task.code, json.dumps(task.provenance), round_])
+            added += 1
+        return added
+
+    def rounds(self) -> dict[int, dict]:
+        return {r: {"stats": json.loads(s), "rejects": json.loads(j)}
+                for r, s, j in self.db.execute("SELECT round, stats, rejects FROM compose_rounds").fetchall()}
+
+    def add_round(self, round_: int, stats: Counter, rejects: list) -> None:
+        self.db.execute("INSERT OR REPLACE INTO compose_rounds VALUES (?, ?, ?)",
+                        [round_, json.dumps(dict(stats)), json.dumps(rejects[:50])])
+
+    # per-candidate results
+    def decontam(self) -> dict[str, dict]:
+        cols = ("flagged", "reason", "parity_max", "parity_match", "strong_max", "strong_match")
+        return {r[0]: dict(zip(cols, r[1:])) for r in self.db.execute(f"SELECT sha256, {', '.join(cols)} FROM decontam").fetchall()}
+
+    def add_decontam(self, sha: str, row: dict, reason: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO decontam VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [sha, bool(reason), reason, row["parity_max"], row["parity_match"], row["strong_max"],
+                         row["strong_match"]])
+
+    def filtered(self) -> dict[str, FilterResult]:
+        rows = self.db.execute("SELECT sha256, keep, reason, detail, t_eager_ms, t_compile_ms, device FROM filtered").fetchall()
+        return {r[0]: FilterResult(*r[1:]) for r in rows}
+
+    def add_filtered(self, sha: str, result: FilterResult) -> None:
+        self.db.execute("INSERT OR REPLACE INTO filtered VALUES (?, ?, ?, ?, ?, ?, ?, now())",
+                        [sha, result.keep, result.reason, result.detail, result.t_eager_ms, result.t_compile_ms,
+                         result.device])
+
+
+# -- stages -----------------------------------------------------------------------------------------
+def crawl_stage(config: BuildConfig) -> tuple[list, dict]:
+    """(seeds, funnel entry)."""
+    from cudagym.synth.crawl import crawl_torch, crawl_transformers
+
+    seeds, skips = crawl_torch()
+    if config.transformers:
+        more, more_skips = crawl_transformers()
+        seeds, skips = seeds + more, skips + more_skips
+    dropped = Counter(s.reason for s in skips)
+    return seeds, {"stage": "crawl", "in": len(seeds) + len(skips), "kept": len(seeds), "dropped": dict(dropped),
+                   "sources": dict(Counter("transformers" if s.qualified_name.startswith("transformers") else "torch" for s in seeds))}
+
+
+def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, n_tasks: int) -> int:
+    """Compose n_tasks candidates in round `round_` (skipped if that round is stored); new candidates added."""
+    if round_ in store.rounds():
+        return 0
+    step = ComposeStep(config.compose_config(round_, n_tasks))
+    tasks = list(step.run(seeds))
+    added = store.add_candidates(tasks, round_)
+    stats = Counter(step.stats)
+    stats["dropped_duplicate"] += len(tasks) - added  # the same code as an earlier round's candidate
+    stats["kept"] -= len(tasks) - added
+    for key, value in getattr(step, "composer_stats", {}).items():
+        stats[f"llm_{key}"] = value
+    store.add_round(round_, stats, [dataclasses.asdict(r) for r in step.rejects])
+    return added
+
+
+def dedup_stage(store: BuildStore) -> tuple[set[int], dict]:
+    """(seqs of the kept candidates, funnel entry). The earliest candidate of each cluster is kept."""
+    from cudagym.dedup.near import find_duplicates
+
+    candidates = store.candidates()
+    by_seq = [dataclasses.replace(task, id=f"{seq:09d}") for seq, task in candidates]
+    dropped = find_duplicates(by_seq)
+    kept = {seq for seq, _ in candidates if f"{seq:09d}" not in dropped}
+    return kept, {"stage": "dedup", "in": len(candidates), "kept": len(kept),
+                  "dropped": dict(Counter(reason for _, reason in dropped.values()))}
+
+
+def decontaminate_stage(store: BuildStore, config: BuildConfig, seqs: set[int]) -> tuple[set[int], dict]:
+    """Score the candidates not scored yet against KernelBench L1-3; (seqs not flagged, funnel entry)."""
+    from cudagym.dedup.decontaminate import PARITY_THRESHOLD, check_against
+    from cudagym.kernelbench import load_problems
+
+    done = store.decontam()
+    candidates = [(seq, task) for seq, task in store.candidates() if seq in seqs]
+    todo = [task for _, task in candidates if task.sha256 not in done]
+    if todo:
+        references = load_problems(config.kb_version, [1, 2, 3])
+        for task, row in zip(todo, check_against(todo, references, workers=1)):
+            reason = ("unparsable" if "error" in row else "parity" if row["parity_max"] > PARITY_THRESHOLD
+                      else "strong" if row["flagged"] else "")
+            store.add_decontam(task.sha256, row, reason)
+        done = store.decontam()
+    kept = {seq for seq, task in candidates if not done[task.sha256]["flagged"]}
+    dropped = Counter(done[task.sha256]["reason"] for _, task in candidates if done[task.sha256]["flagged"])
+    return kept, {"stage": "decontaminate", "in": len(candidates), "kept": len(kept), "dropped": dict(dropped)}
+
+
+def filter_stage(store: BuildStore, config: BuildConfig, seqs: set[int], run: int = 0) -> tuple[set[int], dict]:
+    """Filter `run` more of the candidates `seqs` (the earliest not filtered yet), then report on all
+    of them: (kept seqs, funnel entry). Candidates never filtered (the target was met without them)
+    count as dropped `not_needed`, so the funnel adds up."""
+    done = store.filtered()
+    candidates = [(seq, task) for seq, task in store.candidates() if seq in seqs]
+    todo = [task for _, task in candidates if task.sha256 not in done][:run]
+    if todo:
+        t0 = time.monotonic()
+        run_filter(todo, config.filter_config(), lambda task, result: store.add_filtered(task.sha256, result))
+        log.info("filter: %d candidates in %.0f s", len(todo), time.monotonic() - t0)
+        done = store.filtered()
+    kept = {seq for seq, task in candidates if task.sha256 in done and done[task.sha256].keep}
+    dropped = Counter(done[task.sha256].reason if task.sha256 in done else "not_needed"
+                      for seq, task in candidates if seq not in kept)
+    return kept, {"stage": "filter", "in": len(candidates), "kept": len(kept), "dropped": dict(dropped)}
+
+
+def label_stage(store: BuildStore, seqs: set[int]) -> tuple[list[tuple[int, Task]], dict]:
+    """Tasks with `ops` and `data_source` read from their code; tasks without a recognised operator
+    are dropped (`no_ops`), as are those whose code does not parse (`unparsable`)."""
+    labelled, dropped = [], Counter()
+    for seq, task in store.candidates():
+        if seq not in seqs:
+            continue
+        try:
+            ops, source = ops_from_code(task.code), data_source_of(task.code)
+        except SyntaxError:
+            dropped["unparsable"] += 1
+            continue
+        if not ops:
+            dropped["no_ops"] += 1
+            continue
+        labelled.append((seq, dataclasses.replace(task, provenance={**task.provenance, "ops": ops, "data_source": source})))
+    return labelled, {"stage": "label", "in": len(seqs), "kept": len(labelled), "dropped": dict(dropped)}
+
+
+def dataset_rows(store: BuildStore, labelled: list[tuple[int, Task]]) -> list[dict]:
+    """Rows per the contract's dataset row, in compose order, numbered from 1."""
+    decontam, filtered = store.decontam(), store.filtered()
+    rows = []
+    for problem_id, (_, task) in enumerate(labelled, 1):
+        prov, sim, measured = task.provenance, decontam[task.sha256], filtered[task.sha256]
+        k = int(prov.get("k") or len(prov.get("seed_ids") or []) or 1)
+        rows.append({
+            "id": task.id, "name": task.name, "level": 1 if k == 1 else 2, "problem_id": problem_id, "code": task.code,
+            "ops": list(prov["ops"]), "data_source": prov["data_source"], "k": k,
+            "seed_ids": list(prov.get("seed_ids") or []), "seed_ops": list(prov.get("seed_ops") or []),
+            "composer": prov.get("composer", ""), "model": prov.get("model") or "",
+            "eager_ms": float(measured.t_eager_ms), "compile_ms": float(measured.t_compile_ms or 0.0),
+            "filter_device": measured.device, "parity_max": float(sim["parity_max"]),
+            "parity_match": sim["parity_match"] or "", "strong_max": float(sim["strong_max"]),
+            "strong_match": sim["strong_match"] or "", "sha256": task.sha256})
+    return rows
+
+
+def _quantiles(values: list[float]) -> dict:
+    values = sorted(values)
+    if not values:
+        return {"max": None, "p50": None, "p90": None, "n_over_0.9": 0}
+    at = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return {"max": values[-1], "p50": at(0.5), "p90": at(0.9), "n_over_0.9": sum(v > 0.9 for v in values)}
+
+
+def compose_funnel(store: BuildStore) -> dict:
+    """The compose entry of the funnel, summed over rounds."""
+    stats = Counter()
+    for info in store.rounds().values():
+        stats.update({k: v for k, v in info["stats"].items() if not k.startswith(("k", "llm_")) or k == "kept"})
+    dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
+    return {"stage": "compose", "in": stats["in"], "kept": stats["kept"], "dropped": dropped}
+
+
+def publish_stage(config: BuildConfig, rows: list[dict], stages: list[dict]) -> dict:
+    """Write BUILD/dataset (parquet + card) and BUILD/funnel.json for the first `target` rows."""
+    import torch
+
+    from cudagym import __version__
+    from cudagym.synth.publish import write_hub_folder
+
+    published = rows[:config.target]
+    stages = stages + [{"stage": "publish", "in": len(rows), "kept": len(published),
+                        "dropped": {"over_target": len(rows) - len(published)} if len(rows) > len(published) else {}}]
+    funnel = {
+        "stages": stages,
+        "k_distribution": {str(k): n for k, n in sorted(Counter(r["k"] for r in published).items())},
+        "contamination": {"parity": _quantiles([r["parity_max"] for r in published]),
+                          "strong": _quantiles([r["strong_max"] for r in published]),
+                          "references": f"KernelBench {config.kb_version} L1-3"},
+        "config": config.command_flags(),
+        "versions": {"cudagym": __version__, "torch": torch.__version__},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    out = Path(config.out)
+    write_hub_folder(published, funnel, out / "dataset")
+    tmp = out / "funnel.json.tmp"
+    tmp.write_text(json.dumps(funnel, indent=2) + "\n")
+    tmp.replace(out / "funnel.json")
+    return funnel
+
+
+def select(store: BuildStore, config: BuildConfig, filter_more: int = 0) -> tuple[list[tuple[int, Task]], list[dict]]:
+    """Every stage after compose, over the stored candidates, filtering `filter_more` new ones:
+    (labelled tasks in compose order, funnel entries from compose to label)."""
+    seqs, dedup = dedup_stage(store)
+    seqs, decontam = decontaminate_stage(store, config, seqs)
+    seqs, filtered = filter_stage(store, config, seqs, run=filter_more)
+    labelled, label = label_stage(store, seqs)
+    return labelled, [compose_funnel(store), dedup, decontam, filtered, label]
+
+
+def build_dataset(config: BuildConfig) -> dict:
+    """Run (or resume) a build; returns its funnel. Each round composes what the target still needs
+    (beyond candidates already composed and not yet filtered) and filters that many."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with BuildStore(out / "build.duckdb") as store:
+        store.check_identity(config.identity())
+        seeds, crawl = crawl_stage(config)
+        for _ in range(config.max_rounds):
+            labelled, _ = select(store, config)
+            missing = config.target - len(labelled)
+            if missing <= 0:
+                break
+            wanted = filter_batch(store, config, missing)
+            pending = unfiltered(store, config)
+            if pending < wanted:
+                compose_stage(store, seeds, config, next_round(store), wanted - pending)
+            select(store, config, filter_more=wanted)
+        labelled, stages = select(store, config)
+        if len(labelled) < config.target:
+            log.warning("build: %d of %d rows after %d rounds", len(labelled), config.target, config.max_rounds)
+        return publish_stage(config, dataset_rows(store, labelled), [crawl] + stages)
+
+
+def filter_batch(store: BuildStore, config: BuildConfig, missing: int) -> int:
+    """How many candidates the next round filters: enough for the missing rows at the filter's
+    yield so far (0.8 until 20 are measured), times the margin. The filter is the expensive stage:
+    filtering a fixed multiple would waste most of a round on rows the target does not need."""
+    results = list(store.filtered().values())
+    kept = sum(r.keep for r in results)
+    rate = kept / len(results) if len(results) >= 20 else 0.8
+    return math.ceil(missing / max(rate, 0.05) * config.oversample)
+
+
+def unfiltered(store: BuildStore, config: BuildConfig) -> int:
+    """Candidates past dedup and decontamination that the filter has not seen yet."""
+    seqs, _ = dedup_stage(store)
+    seqs, _ = decontaminate_stage(store, config, seqs)
+    done = store.filtered()
+    return sum(1 for seq, task in store.candidates() if seq in seqs and task.sha256 not in done)
+
+
+def next_round(store: BuildStore) -> int:
+    rounds = store.rounds()
+    return max(rounds) + 1 if rounds else 0

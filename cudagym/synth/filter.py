@@ -1,0 +1,170 @@
+"""Stage 3, filter: keep only tasks an agent can be trained and rewarded on.
+
+Every task runs in the evaluation harness's sandboxed judge (`cudagym.eval.judge.measure_task`, the
+judge's "filter" mode: same process isolation, time and memory limits, GPU lock and input
+generation as an evaluation), which measures; `decide` here turns the measurement into keep or
+(drop, reason). A task is kept when:
+
+- its forward runs in eager mode, and under torch.compile (inductor) with agreeing outputs
+  (the harness's tolerance, atol = rtol = 1e-2 by default): `eager_error`, `compile_error`,
+  `compile_mismatch`;
+- no stochastic ATen op runs in its forward (dropout, rand*, bernoulli, ...: `stochastic_op`), and
+  two runs on the same inputs agree (`nondeterministic`);
+- its outputs are finite (`non_finite`), not empty (`empty_output`), and the harness's degenerate
+  probes fail on them: not zeros, not a constant, not a row mean, not an input passed through, and
+  different for different inputs (`degenerate_<probe>`, the probes of `cudagym.eval.checks`; a task
+  that accepts one would reward that cheat);
+- its eager runtime (median of the harness's timer) lies in the window: `too_fast`, `too_slow`
+  (default 1-100 ms on a GPU, as in the paper; 0.01-1000 ms on the CPU for local runs);
+- the judge neither timed out (`timeout`) nor died (`crash`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Callable, Iterable
+
+from cudagym.eval.evaluate import EvalConfig
+from cudagym.tasks import Task
+
+log = logging.getLogger(__name__)
+
+GPU_WINDOW_MS = (1.0, 100.0)
+CPU_WINDOW_MS = (0.01, 1000.0)
+REASONS = ("eager_error", "stochastic_op", "nondeterministic", "non_finite", "empty_output", "degenerate_<probe>",
+           "compile_error", "compile_mismatch", "timing_error", "too_fast", "too_slow", "timeout", "crash")
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    device: str = "cpu"
+    min_eager_ms: float | None = None  # None: the device's default window
+    max_eager_ms: float | None = None
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    task_timeout_s: float = 300.0  # one task's whole judge run: eager, compile, timing
+    parallel: int = 1  # judges at once (per GPU with the ray runner)
+    chunk: int = 4  # tasks per judge process (torch and inductor start once for them)
+    runner: str = "local"
+    address: str | None = None
+    max_timing_s: float = 2.0  # timing of one task: enough for a stable median, not a benchmark
+    min_reps: int = 5
+    max_reps: int = 50
+    seed: int | None = None  # None: fresh secret input seeds, as in an evaluation
+
+    def __post_init__(self):
+        lo, hi = self.window_ms
+        if not 0 <= lo < hi:
+            raise ValueError(f"runtime window must satisfy 0 <= min < max, got {lo}..{hi} ms")
+        if self.task_timeout_s <= 0 or self.parallel < 1 or self.chunk < 1:
+            raise ValueError("task_timeout_s, parallel and chunk must be positive")
+        self.eval_config()  # device and the rest are checked where they are defined
+
+    @property
+    def window_ms(self) -> tuple[float, float]:
+        default = CPU_WINDOW_MS if self.device == "cpu" else GPU_WINDOW_MS
+        return (default[0] if self.min_eager_ms is None else self.min_eager_ms,
+                default[1] if self.max_eager_ms is None else self.max_eager_ms)
+
+    def eval_config(self) -> EvalConfig:
+        return EvalConfig(device=self.device, atol=self.atol, rtol=self.rtol, n_checks=2,
+                          timeout_s=self.task_timeout_s, build_timeout_s=self.task_timeout_s,
+                          task_timeout_s=self.task_timeout_s, max_timing_s=self.max_timing_s,
+                          min_reps=self.min_reps, max_reps=self.max_reps, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    keep: bool
+    reason: str  # "" when kept, else one of REASONS
+    detail: str = ""
+    t_eager_ms: float | None = None
+    t_compile_ms: float | None = None
+    device: str = ""  # the GPU model (or "cpu") the task was measured on
+    compile_s: float | None = None  # torch.compile's first call (CPU-heavy, GPU shared)
+    timing_s: float | None = None  # the timing phase (GPU held alone)
+
+    def to_dict(self) -> dict:
+        return {"keep": self.keep, "reason": self.reason, "detail": self.detail, "t_eager_ms": self.t_eager_ms,
+                "t_compile_ms": self.t_compile_ms, "device": self.device}
+
+
+def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
+    """Keep or (drop, reason) from what the judge measured (`measure_task`'s dict, or a judge failure)."""
+    def drop(reason: str, detail: object = "") -> FilterResult:
+        return FilterResult(False, reason, str(detail)[:300], measured.get("t_eager_ms"), measured.get("t_compile_ms"),
+                            device, measured.get("compile_s"), measured.get("timing_s"))
+
+    if measured.get("status") == "timeout":
+        return drop("timeout", measured.get("reason", ""))
+    if "stage" not in measured:  # the judge itself failed: a crash, an OOM, an unloadable task
+        return drop("crash", measured.get("reason", "no result"))
+    stage = measured["stage"]
+    if measured.get("error"):
+        return drop(f"{stage}_error" if stage in ("eager", "compile", "timing") else "eager_error", measured["error"])
+    if measured.get("stochastic_ops"):
+        return drop("stochastic_op", ", ".join(measured["stochastic_ops"]))
+    if measured.get("rerun_mismatch"):
+        return drop("nondeterministic", measured["rerun_mismatch"])
+    if measured.get("non_finite"):
+        return drop("non_finite", f"outputs {measured['non_finite']}")
+    if measured.get("empty"):
+        return drop("empty_output", f"outputs {measured['empty']}")
+    if measured.get("degenerate"):
+        return drop(f"degenerate_{measured['degenerate'][0]}", "accepts " + ", ".join(measured["degenerate"]))
+    if measured.get("compile_mismatch"):
+        return drop("compile_mismatch", measured["compile_mismatch"])
+    if stage != "done" or measured.get("t_eager_ms") is None:
+        return drop("crash", f"stopped at stage {stage}")
+    lo, hi = window_ms
+    t = measured["t_eager_ms"]
+    if t < lo:
+        return drop("too_fast", f"eager {t:.4g} ms < {lo} ms")
+    if t > hi:
+        return drop("too_slow", f"eager {t:.4g} ms > {hi} ms")
+    return FilterResult(True, "", "", t, measured.get("t_compile_ms"), device, measured.get("compile_s"),
+                        measured.get("timing_s"))
+
+
+def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[[Task, FilterResult], None]) -> None:
+    """Measure and decide every task on the runner's workers; on_result(task, result) runs in the
+    calling thread, once per task, as results arrive (store them there: a killed run keeps them)."""
+    from cudagym.eval.batch import dispatch, reference_job
+
+    tasks = list(tasks)
+    chunks = [tasks[i:i + config.chunk] for i in range(0, len(tasks), config.chunk)]
+
+    def record(chunk: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
+        env, measured = result
+        for task in chunk:
+            on_result(task, decide(measured.get(task.id, {}), config.window_ms, env.get("gpu", "")))
+
+    dispatch(((c, partial(reference_job, c, "filter", frozenset())) for c in chunks), record, config.eval_config(),
+             config.parallel, config.runner, config.address, f"filter, {config.chunk} tasks per judge")
+
+
+def with_measurement(task: Task, result: FilterResult) -> Task:
+    """The kept task, carrying its runtimes and where they were measured."""
+    return replace(task, provenance={**task.provenance, "eager_ms": result.t_eager_ms,
+                                     "compile_ms": result.t_compile_ms, "filter_device": result.device})
+
+
+def filter_tasks(tasks: Iterable[Task], config: FilterConfig) -> tuple[list[Task], list[tuple[Task, FilterResult]], Counter]:
+    """(kept tasks in input order, rejects with their results, stats `in`/`kept`/`dropped_<reason>`)."""
+    tasks = list(tasks)
+    results: dict[str, FilterResult] = {}
+    run_filter(tasks, config, lambda task, result: results.__setitem__(task.id, result))
+    stats: Counter = Counter(**{"in": len(tasks)})
+    kept, rejects = [], []
+    for task in tasks:
+        result = results[task.id]
+        stats["kept" if result.keep else f"dropped_{result.reason}"] += 1
+        if result.keep:
+            kept.append(with_measurement(task, result))
+        else:
+            rejects.append((task, result))
+    log.info("filter: %s", dict(stats))
+    return kept, rejects, stats

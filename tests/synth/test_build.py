@@ -1,0 +1,171 @@
+"""A whole dataset build on the CPU: resumable, a funnel that adds up, rows that hold what they claim."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import datasets
+import duckdb
+import pytest
+
+from cudagym.cli import main
+from cudagym.dedup.near import fingerprint
+from cudagym.kernelbench import load_problems
+from cudagym.synth.build import BuildConfig, BuildStore, build_dataset, decontaminate_stage, dedup_stage
+from cudagym.synth.compose import data_source_of, ops_from_code
+from cudagym.synth.filter import FilterConfig, filter_tasks
+from cudagym.synth.publish import read_build_rows
+from cudagym.tasks import Task, TaskError
+
+pytestmark = pytest.mark.slow
+TARGET = 6
+
+
+def _config(out, **kw) -> BuildConfig:
+    return BuildConfig(out=str(out), target=kw.pop("target", TARGET), seed=3, transformers=False, parallel=2, **kw)
+
+
+def _counts(path) -> dict:
+    db = duckdb.connect(str(path), read_only=True)
+    try:
+        return {t: db.execute(f"SELECT count(*), max(created) FROM {t}").fetchone() for t in ("candidates", "filtered")}
+    finally:
+        db.close()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, kernelbench_path):
+    out = tmp_path_factory.mktemp("build")
+    funnel = build_dataset(_config(out))
+    return out, funnel
+
+
+def test_build_writes_dataset_card_and_funnel(built):
+    out, funnel = built
+    assert sorted(p.name for p in (out / "dataset").iterdir()) == ["README.md", "data"]
+    assert json.loads((out / "funnel.json").read_text()) == funnel
+    loaded = datasets.load_dataset(str(out / "dataset"), split="train")
+    assert loaded.num_rows == TARGET
+    card = (out / "dataset" / "README.md").read_text()
+    assert "cudagym dataset build" in card and "| filter |" in card.replace("`", "")
+
+
+def test_funnel_adds_up_stage_by_stage(built):
+    _, funnel = built
+    stages = funnel["stages"]
+    assert [s["stage"] for s in stages] == ["crawl", "compose", "dedup", "decontaminate", "filter", "label", "publish"]
+    for stage in stages:
+        assert stage["in"] == stage["kept"] + sum(stage["dropped"].values()), stage
+    for before, after in zip(stages[1:], stages[2:]):  # from dedup on, each stage takes what the last kept
+        assert after["in"] == before["kept"], (before, after)
+    assert stages[-1]["kept"] == TARGET
+    assert sum(int(n) for n in funnel["k_distribution"].values()) == TARGET
+
+
+def test_rows_are_labelled_from_their_code_unique_and_uncontaminated(built):
+    out, _ = built
+    rows = read_build_rows(out / "dataset")
+    for row in rows:
+        assert row["ops"] == ops_from_code(row["code"]) and row["ops"]
+        assert row["data_source"] == data_source_of(row["code"]) == f"torch#{row['k']}"
+        assert row["parity_max"] <= 0.9 and row["strong_max"] < 0.9
+        assert row["eager_ms"] > 0 and row["filter_device"] == "cpu"
+    assert len({fingerprint(r["code"])[0] for r in rows}) == len(rows)  # no two share a normalised AST
+    assert [r["problem_id"] for r in rows] == list(range(1, len(rows) + 1))
+
+
+def test_published_rows_re_execute_in_eager_and_compiled_mode(built):
+    out, _ = built
+    tasks = [Task(id=r["id"], name=r["name"], code=r["code"]) for r in read_build_rows(out / "dataset")]
+    kept, rejects, _ = filter_tasks(tasks, FilterConfig(device="cpu", parallel=2))
+    assert not rejects, [(t.id, r.reason, r.detail) for t, r in rejects]
+    assert len(kept) == TARGET
+
+
+def test_rerun_resumes_without_redoing_work(built):
+    out, funnel = built
+    before = _counts(out / "build.duckdb")
+    again = build_dataset(_config(out))
+    assert _counts(out / "build.duckdb") == before  # nothing composed or filtered again
+    assert again["stages"] == funnel["stages"]
+
+
+def test_a_larger_target_only_adds_what_is_missing(built):
+    out, _ = built
+    before = _counts(out / "build.duckdb")
+    funnel = build_dataset(_config(out, target=2 * TARGET))
+    after = _counts(out / "build.duckdb")
+    assert funnel["stages"][-1]["kept"] == 2 * TARGET
+    assert after["filtered"][0] > before["filtered"][0]
+    assert after["candidates"][0] > before["candidates"][0]
+    rows = read_build_rows(out / "dataset")
+    assert len(rows) == 2 * TARGET
+    build_dataset(_config(out))  # back to the original target for the other tests
+
+
+def test_other_settings_refuse_the_same_folder(built):
+    out, _ = built
+    with pytest.raises(TaskError, match="other settings"):
+        build_dataset(BuildConfig(out=str(out), target=TARGET, seed=4, transformers=False))
+
+
+def test_kernelbench_problems_and_disguised_copies_are_dropped_by_decontamination(tmp_path, kernelbench_path):
+    problem = load_problems("v0.1", [2])[16]
+    disguised = re.sub(r"\bModel\b", "Model", problem.code)
+    disguised = re.sub(r"\bx\b", "inp", disguised).replace("    ", "  ")  # renamed and reformatted
+    disguised = re.sub(r"batch_size = (\d+)", lambda m: f"batch_size = {2 * int(m.group(1))}", disguised)  # resized
+    disguised = '"""A fused operator."""\n' + disguised
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        tasks = [Task(id="kb", name="kb", code=problem.code), Task(id="copy", name="copy", code=disguised)]
+        store.add_candidates(tasks, 0)
+        seqs, dedup = dedup_stage(store)
+        assert dedup["dropped"] == {"exact_duplicate": 1}  # resized and renamed: the same normalised AST
+        kept, entry = decontaminate_stage(store, _config(tmp_path), {1, 2})
+        assert kept == set() and sum(entry["dropped"].values()) == 2
+
+
+def test_build_and_publish_from_the_cli(built, tmp_path, capsys):
+    out, _ = built
+    assert main(["dataset", "build", "--out", str(out), "--target", str(TARGET), "--seed", "3", "--no-transformers",
+                 "--device", "cpu", "--parallel", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "dataset funnel" in printed and "decontaminate" in printed
+    assert main(["dataset", "publish", str(out), "--repo", "someone/cudagym-ops", "--dry-run",
+                 "--out", str(tmp_path / "hub")]) == 0
+    assert sorted(p.name for p in (tmp_path / "hub").iterdir()) == ["README.md", "data"]
+    assert "someone/cudagym-ops" in (tmp_path / "hub" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["dataset", "publish", "/nonexistent/build", "--repo", "a/b", "--dry-run"], "no build directory"),
+    (["dataset", "build", "--k-distribution", "1:x"], "K distribution"),
+    (["dataset", "build", "--target", "0", "--device", "cpu"], "target"),
+    (["dataset", "build", "--composer", "llm", "--device", "cpu", "--base-url", "http://127.0.0.1:9/v1"], "model"),
+])
+def test_bad_input_is_one_line_and_exit_1(argv, message, capsys, monkeypatch):
+    monkeypatch.delenv("CUDAGYM_LLM_MODEL", raising=False)
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cudagym: error:") and message in err and "\n" not in err
+
+
+def test_prefect_flow_runs_the_same_stages(built, prefect_harness):
+    from cudagym.flows.build_dataset import build_dataset as build_flow
+
+    out, _ = built
+    expected = build_dataset(_config(out))
+    before = _counts(out / "build.duckdb")
+    result = build_flow(_config(out))
+    assert result["stages"] == expected["stages"]
+    assert _counts(out / "build.duckdb") == before
+
+
+def test_task_set_of_a_build_loads_for_eval(built):
+    """A build's parquet is a task set `cudagym eval run --problems` accepts."""
+    from cudagym.tasks import load_task_set
+
+    out, _ = built
+    tasks = load_task_set(next((out / "dataset" / "data").glob("*.parquet")))
+    assert len(tasks) == TARGET and all(dataclasses.asdict(t)["level"] in (1, 2) for t in tasks)

@@ -1,0 +1,125 @@
+"""The filter stage: `decide` on measurements, and real sandboxed runs of tasks built to fail one check each."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cudagym.synth.filter import CPU_WINDOW_MS, GPU_WINDOW_MS, FilterConfig, decide, filter_tasks
+from cudagym.tasks import Task
+
+DONE = {"stage": "done", "aten_ops": ["addmm", "tanh"], "stochastic_ops": [], "rerun_mismatch": None,
+        "non_finite": [], "empty": [], "degenerate": [], "compile_mismatch": None, "t_eager_ms": 5.0,
+        "t_compile_ms": 4.0}
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({}, ""),
+    ({"stage": "ops", "stochastic_ops": ["native_dropout"]}, "stochastic_op"),
+    ({"stage": "determinism", "rerun_mismatch": "output 0 max abs diff 3 exceeds tolerance"}, "nondeterministic"),
+    ({"stage": "outputs", "non_finite": [0]}, "non_finite"),
+    ({"stage": "outputs", "empty": [0]}, "empty_output"),
+    ({"stage": "outputs", "degenerate": ["passthrough", "mean"]}, "degenerate_passthrough"),
+    ({"stage": "compile", "compile_mismatch": "output 0 max abs diff 0.5"}, "compile_mismatch"),
+    ({"stage": "compile", "error": "BackendCompilerFailed: ..."}, "compile_error"),
+    ({"stage": "eager", "error": "RuntimeError: shapes"}, "eager_error"),
+    ({"stage": "outputs", "error": "RuntimeError: CUDA error"}, "eager_error"),  # the forward failed later on
+    ({"stage": "timing", "error": "RuntimeError"}, "timing_error"),
+    ({"t_eager_ms": 0.5}, "too_fast"),
+    ({"t_eager_ms": 150.0}, "too_slow"),
+    ({"stage": "compile"}, "crash"),  # stopped without saying why: never kept
+])
+def test_decide_names_the_first_failing_check(change, reason):
+    result = decide({**DONE, **change}, GPU_WINDOW_MS, "NVIDIA H200")
+    assert result.keep is (reason == "")
+    assert result.reason == reason
+    assert result.device == "NVIDIA H200"
+
+
+def test_decide_judge_failures():
+    assert decide({"status": "timeout", "reason": "evaluation exceeded 8 s"}, CPU_WINDOW_MS).reason == "timeout"
+    crash = decide({"status": "runtime_error", "reason": "judge died: SIGSEGV"}, CPU_WINDOW_MS)
+    assert (crash.keep, crash.reason, crash.detail) == (False, "crash", "judge died: SIGSEGV")
+    assert decide({}, CPU_WINDOW_MS).reason == "crash"
+
+
+def test_window_defaults_follow_the_device():
+    assert FilterConfig(device="cpu").window_ms == CPU_WINDOW_MS
+    assert FilterConfig(device="cuda").window_ms == GPU_WINDOW_MS == (1.0, 100.0)
+    assert FilterConfig(device="cuda", min_eager_ms=0.1).window_ms == (0.1, 100.0)
+    with pytest.raises(ValueError, match="window"):
+        FilterConfig(min_eager_ms=5, max_eager_ms=1)
+    with pytest.raises(ValueError, match="device"):
+        FilterConfig(device="tpu")
+
+
+def _task(name: str, init: str, forward: str, inputs: str = "torch.randn(8, 16)", imports: str = "") -> Task:
+    code = f"""import torch
+import torch.nn as nn
+{imports}
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        {init}
+
+    def forward(self, x):
+        {forward}
+
+
+def get_inputs():
+    return [{inputs}]
+
+
+def get_init_inputs():
+    return []
+"""
+    return Task(id=name, name=name, code=code, source="test")
+
+
+TASKS = {
+    "good": _task("good", "self.linear = nn.Linear(16, 32)", "return torch.tanh(self.linear(x)) * 2"),
+    "stochastic_op": _task("dropout", "self.drop = nn.Dropout(0.5)", "return self.drop(x) + 1"),
+    "degenerate_passthrough": _task("relu_rand", "pass", "return torch.relu(x)", inputs="torch.rand(8, 16)"),
+    "degenerate_zeros": _task("zeros", "pass", "return x * 0.0"),
+    "degenerate_input_independent": _task("constant_weight", "self.w = nn.Parameter(torch.randn(8, 16))",
+                                          "return self.w * 1.5 + x.mean() * 0"),
+    "non_finite": _task("log_negative", "pass", "return torch.log(-(x.abs() + 1.0))"),
+    "eager_error": _task("bad_shapes", "self.linear = nn.Linear(5, 3)", "return self.linear(x)"),
+    "timeout": _task("hangs", "pass", "time.sleep(600)\n        return x", imports="import time"),
+}
+
+
+@pytest.fixture(scope="module")
+def filtered():
+    # Generous bounds for a loaded 2-core machine; the hanging task gets its own short-bounded run.
+    config = FilterConfig(device="cpu", parallel=2, chunk=2, task_timeout_s=180.0, seed=1)
+    kept, rejects, stats = filter_tasks([t for r, t in TASKS.items() if r != "timeout"], config)
+    _, hung, _ = filter_tasks([TASKS["timeout"]], dataclasses.replace(config, task_timeout_s=15.0, chunk=1))
+    stats["in"] += 1
+    return kept, {task.id: result for task, result in rejects + hung}, stats
+
+
+@pytest.mark.slow
+def test_sandboxed_filter_keeps_the_good_task_with_its_runtimes(filtered):
+    kept, _, stats = filtered
+    assert [t.id for t in kept] == ["good"]
+    prov = kept[0].provenance
+    assert prov["eager_ms"] > 0 and prov["compile_ms"] > 0 and prov["filter_device"] == "cpu"
+    assert stats["in"] == len(TASKS) and stats["kept"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reason", [r for r in TASKS if r != "good"])
+def test_sandboxed_filter_drops_each_defect_for_its_reason(filtered, reason):
+    _, rejects, _ = filtered
+    result = rejects[TASKS[reason].id]
+    assert not result.keep
+    assert result.reason == reason, result
+
+
+@pytest.mark.slow
+def test_the_stochastic_op_is_named(filtered):
+    _, rejects, _ = filtered
+    assert any(op in rejects["dropout"].detail for op in ("dropout", "bernoulli"))  # CPU dropout is bernoulli_

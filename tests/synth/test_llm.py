@@ -1,0 +1,491 @@
+"""The llm composer (cudagym/synth/llm.py), end to end against a real local OpenAI-compatible server.
+
+openai uses httpx2, which respx cannot intercept, so the tests start a `ThreadingHTTPServer` on
+127.0.0.1 that answers POST /v1/chat/completions and talk to it with the real `openai` client.
+The server's behaviour is picked by the request's model name (`<behaviour>/<unique id>`); its
+"good" answer is a real fused module built from the operators the prompt lists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from cudagym.synth.compose import COMPOSERS, ComposeConfig, ComposeStep, Reject, ops_from_code
+from cudagym.synth.crawl import InputSpec, Seed
+from cudagym.synth.llm import (
+    ALLOWED_IMPORTS,
+    PLACEHOLDER_API_KEY,
+    REJECT_REASONS,
+    LLMComposer,
+    LLMConfig,
+    build_prompt,
+    parse_answer,
+    retry_after_s,
+)
+from cudagym.tasks import Task
+
+pytestmark = pytest.mark.timeout(60)
+
+USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}  # per answer, from the server
+MAX_REQUESTS = 400  # the server refuses more: a runaway retry loop fails the test instead of hanging
+
+
+def _seed(qualified_name: str, name: str, call: str, ops: tuple[str, ...], family: str, modules=()) -> Seed:
+    return Seed(qualified_name=qualified_name, kind="nn_module" if modules else "functional", call=call,
+                inputs=(InputSpec("x", ("B", "I")),), modules=modules, family=family, name=name, ops=ops)
+
+
+LINEAR = _seed("torch.nn.Linear", "Linear", "self.op(x)", ("Linear",), "linear", (("op", "nn.Linear(I, J)"),))
+RELU = _seed("torch.relu", "ReLU", "torch.relu(x)", ("relu",), "activation")
+TANH = _seed("torch.tanh", "Tanh", "torch.tanh(x)", ("tanh",), "activation")
+SOFTMAX = _seed("torch.softmax", "Softmax", "torch.softmax(x, dim=-1)", ("softmax",), "reduction")
+SIGMOID = _seed("torch.sigmoid", "Sigmoid", "torch.sigmoid(x)", ("sigmoid",), "activation")
+SEEDS = [LINEAR, RELU, TANH, SOFTMAX, SIGMOID]
+
+# --------------------------------------------------------------------------------------------
+# The fake LLM
+# --------------------------------------------------------------------------------------------
+
+# operator -> (line for __init__ or None, line for forward); {i} is the operator's position
+FAKE_LINES = {
+    "torch.nn.Linear": ("self.linear{i} = nn.Linear(features, features)", "x = self.linear{i}(x)"),
+    "torch.relu": (None, "x = torch.relu(x)"),
+    "torch.tanh": (None, "x = torch.tanh(x)"),
+    "torch.softmax": (None, "x = torch.softmax(x, dim=-1)"),
+    "torch.sigmoid": (None, "x = torch.sigmoid(x)"),
+}
+
+
+def fused_module(operators: list[str], extra_import: str = "", inputs: bool = True) -> str:
+    """A valid KernelBench task applying `operators` (keys of FAKE_LINES) in order."""
+    init = ["super().__init__()"]
+    init += [FAKE_LINES[op][0].format(i=i) for i, op in enumerate(operators) if FAKE_LINES[op][0]]
+    forward = [FAKE_LINES[op][1].format(i=i) for i, op in enumerate(operators)] + ["return x"]
+    lines = ["import torch", "import torch.nn as nn", *([extra_import] if extra_import else []), "", "",
+             "class Model(nn.Module):",
+             '    """Fuses Conv3d and GELU."""  # what the model claims; the AST says otherwise', "",
+             "    def __init__(self, features):", *[f"        {line}" for line in init], "",
+             "    def forward(self, x):", "        # ops: Conv3d, gelu", *[f"        {line}" for line in forward],
+             "", "", "batch_size = 4", "features = 64", "", ""]
+    if inputs:
+        lines += ["def get_inputs():", "    return [torch.randn(batch_size, features)]", "", ""]
+    lines += ["def get_init_inputs():", "    return [features]", ""]
+    return "\n".join(lines)
+
+
+def good_answer(operators: list[str], **kwargs) -> str:
+    return ("Sure! This fuses a Conv3d with a GELU activation.\n\n```python\n" + fused_module(operators, **kwargs)
+            + "```\n\nops: [\"Conv3d\", \"gelu\"]\n")
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    content: str = ""
+    delay_s: float = 0.0
+    headers: dict = field(default_factory=dict)
+    finish_reason: str = "stop"
+
+
+def listed_operators(prompt: str) -> list[str]:
+    return re.findall(r"^\d+\. `([\w.]+)`", prompt, re.MULTILINE)
+
+
+class FakeLLM:
+    """Chooses a reply by behaviour (the model name's prefix) and counts requests per model."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests: dict[str, list[dict]] = defaultdict(list)
+        self.in_flight: Counter = Counter()
+        self.max_in_flight: Counter = Counter()
+        self.total = 0
+
+    def count(self, model: str) -> int:
+        with self.lock:
+            return len(self.requests[model])
+
+    def reply(self, body: dict) -> Reply:
+        model = body["model"]
+        behaviour = model.split("/")[0]
+        with self.lock:
+            self.total += 1
+            n = len(self.requests[model])  # earlier requests for this model
+            self.requests[model].append(body)
+            if self.total > MAX_REQUESTS:
+                return Reply(400, "too many requests in one test session")
+        prompt = body["messages"][-1]["content"]
+        ops = listed_operators(prompt)
+        good = good_answer(ops)
+        if behaviour == "good":
+            return Reply(content=good)
+        if behaviour == "flaky-tanh":  # a malformed answer whenever tanh is asked for
+            return Reply(content="I would rather not." if "torch.tanh" in ops else good)
+        if behaviour == "no-code":
+            return Reply(content="The fused model applies Linear then ReLU: Model(x) = relu(linear(x)).")
+        if behaviour == "syntax":
+            return Reply(content="```python\nimport torch\nclass Model(nn.Module:\n    pass\n```")
+        if behaviour == "no-inputs":
+            return Reply(content=good_answer(ops, inputs=False))
+        if behaviour == "bad-import":
+            return Reply(content=good_answer(ops, extra_import="import os"))
+        if behaviour == "two-blocks":
+            return Reply(content=good + "\nUsage:\n```python\nmodel = Model(*get_init_inputs())\n```\n")
+        if behaviour == "no-ops":
+            return Reply(content=good_answer([]))
+        if behaviour == "truncated":
+            return Reply(content=good[:200], finish_reason="length")
+        if behaviour == "rate-limit-once":
+            return Reply(429, headers={"retry-after-ms": "300"}) if n == 0 else Reply(content=good)
+        if behaviour == "rate-limit":
+            return Reply(429, headers={"retry-after": "0"})
+        if behaviour == "slow-once":
+            return Reply(content=good, delay_s=1.0 if n == 0 else 0.0)
+        if behaviour == "slow-always":
+            return Reply(content=good, delay_s=1.0)
+        if behaviour == "slow":
+            return Reply(content=good, delay_s=0.3)
+        if behaviour == "error-500":
+            return Reply(500)
+        if behaviour == "bad-request":
+            return Reply(400)
+        raise AssertionError(f"unknown behaviour {behaviour!r}")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def do_POST(self) -> None:
+        if self.path != "/v1/chat/completions":
+            self._send(404, {"error": {"message": "not found"}})
+            return
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        fake = self.server.fake
+        reply = fake.reply(body)
+        model = body["model"]
+        with fake.lock:
+            fake.in_flight[model] += 1
+            fake.max_in_flight[model] = max(fake.max_in_flight[model], fake.in_flight[model])
+        try:
+            time.sleep(reply.delay_s)
+            if reply.status != 200:
+                self._send(reply.status, {"error": {"message": f"status {reply.status}", "type": "fake_error"}},
+                           reply.headers)
+                return
+            self._send(200, {
+                "id": f"chatcmpl-{fake.total}", "object": "chat.completion", "created": int(time.time()),
+                "model": model, "usage": USAGE,
+                "choices": [{"index": 0, "finish_reason": reply.finish_reason,
+                             "message": {"role": "assistant", "content": reply.content}}]})
+        except OSError:  # the client gave up (timeout) and closed the connection
+            pass
+        finally:
+            with fake.lock:
+                fake.in_flight[model] -= 1
+
+    def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeLLM
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = _Server(("127.0.0.1", 0), _Handler)
+    httpd.fake = FakeLLM()
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    httpd.base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+_ids = itertools.count()
+
+
+def _config(server, behaviour: str, **overrides) -> LLMConfig:
+    """Short timeouts and backoffs; a model name unique to the call, so request counts are per test."""
+    settings = dict(model=f"{behaviour}/{next(_ids)}", base_url=server.base_url, api_key="test-key", timeout_s=5.0,
+                    max_retries=2, backoff_s=0.001, max_backoff_s=0.5, concurrency=2)
+    return LLMConfig(**(settings | overrides))
+
+
+def _compose(config: LLMConfig, seeds=(LINEAR, RELU), **kwargs) -> tuple[Task | Reject, LLMComposer]:
+    composer = LLMComposer(llm=config)
+    result = composer.compose_batch([(list(seeds), len(seeds))])[0]
+    composer.close()
+    return result, composer
+
+
+# --------------------------------------------------------------------------------------------
+# Config, prompt, parsing (no server)
+# --------------------------------------------------------------------------------------------
+
+
+def test_config_from_env_and_checks(monkeypatch):
+    for name in ("CUDAGYM_LLM_MODEL", "CUDAGYM_LLM_BASE_URL", "OPENAI_BASE_URL", "CUDAGYM_LLM_API_KEY",
+                 "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="no LLM model"):
+        LLMConfig()
+    monkeypatch.setenv("CUDAGYM_LLM_MODEL", "qwen")
+    with pytest.raises(ValueError, match="no LLM endpoint"):
+        LLMConfig()
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://localhost:8000/v1")
+    config = LLMConfig()
+    assert (config.model, config.base_url, config.api_key) == ("qwen", "http://localhost:8000/v1", PLACEHOLDER_API_KEY)
+    monkeypatch.setenv("CUDAGYM_LLM_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    config = LLMConfig()
+    assert config.base_url == "http://127.0.0.1:9/v1" and config.api_key == "sk-secret"
+    assert "sk-secret" not in repr(config)
+    for bad, message in [({"concurrency": 0}, "concurrency"), ({"max_retries": -1}, "max_retries"),
+                         ({"timeout_s": 0}, "timeout_s"), ({"temperature": 3}, "temperature"),
+                         ({"max_tokens": 0}, "max_tokens"), ({"backoff_s": 2, "max_backoff_s": 1}, "backoff"),
+                         ({"base_url": "localhost:8000"}, "http")]:
+        with pytest.raises(ValueError, match=message):
+            LLMConfig(**bad)
+    assert COMPOSERS["llm"] is LLMComposer
+    assert ComposeConfig(composer="llm", llm=config).llm is config
+
+
+def test_prompt_lists_the_seeds_and_the_format():
+    prompt = build_prompt([LINEAR, RELU])
+    assert listed_operators(prompt) == ["torch.nn.Linear", "torch.relu"]
+    assert "`nn.Linear(64, 128)`" in prompt and "`torch.relu(x)`" in prompt  # seed_snippet at scale 1
+    for required in ("class Model(nn.Module)", "get_inputs()", "get_init_inputs()", "```python", "2 operator(s)"):
+        assert required in prompt
+    llama = Seed(qualified_name="transformers.models.llama.modeling_llama.LlamaMLP", kind="transformers_block",
+                 call="self.op(x)", inputs=(InputSpec("x", ("B", "S", "E")),), modules=(("op", "LlamaMLP(cfg)"),),
+                 config="LlamaConfig(hidden_size=E)", name="LlamaMLP", ops=("LlamaMLP",),
+                 imports=("from transformers.models.llama.modeling_llama import LlamaMLP",))
+    assert "`from transformers.models.llama.modeling_llama import LlamaMLP`" in build_prompt([llama, RELU])
+
+
+def test_parse_answer_accepts_one_python_block():
+    code = parse_answer(good_answer(["torch.nn.Linear", "torch.relu"]))
+    assert isinstance(code, str) and code.startswith("import torch\n") and code.endswith("return [features]\n")
+    assert ops_from_code(code) == ["Linear", "relu"]
+    # another language's block is not a candidate; `from torch import nn` is allowed
+    text = "```bash\npip install torch\n```\n" + good_answer(["torch.relu"]).replace(
+        "import torch.nn as nn", "from torch import nn")
+    assert isinstance(parse_answer(text), str)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("no code at all", "llm_no_code"),
+    ("```python\nimport torch\nclass Model(nn.Module):\n", "llm_no_code"),  # unclosed fence (truncated)
+    ("```python\n\n```", "llm_no_code"),
+    ("```python\nx = 1\n```\n```python\ny = 2\n```", "llm_ambiguous"),
+    ("```python\ndef f(:\n```", "llm_syntax"),
+    (good_answer(["torch.relu"], extra_import="import subprocess"), "llm_bad_import"),
+    (good_answer(["torch.relu"], extra_import="from torch.utils.cpp_extension import load_inline"),
+     "llm_bad_import"),
+    (good_answer(["torch.relu"]).replace("return [features]", "import os\n    return [features]"),
+     "llm_bad_import"),  # an import inside a function counts too
+    (good_answer(["torch.relu"]).replace("x = torch.relu(x)", "x = __import__('os').getpid() + x"),
+     "llm_bad_import"),
+    (good_answer(["torch.relu"], extra_import="from . import helpers"), "llm_bad_import"),
+    (good_answer(["torch.relu"]).replace("class Model(", "class ModelNew("), "llm_model_new"),
+    (good_answer(["torch.relu"]).replace("class Model(nn.Module)", "class Net(nn.Module)"), "llm_missing_model"),
+    (good_answer(["torch.relu"]).replace("class Model(nn.Module)", "class Model(object)"), "llm_missing_model"),
+    (good_answer(["torch.relu"]).replace("def forward", "def run"), "llm_missing_model"),
+    (good_answer(["torch.relu"], inputs=False), "llm_missing_inputs"),
+    (good_answer(["torch.relu"]).replace("def get_init_inputs", "def get_init_args"), "llm_missing_inputs"),
+])
+def test_parse_answer_rejects(text, reason):
+    result = parse_answer(text)
+    assert isinstance(result, Reject) and result.reason == reason, result
+    assert reason in REJECT_REASONS and result.detail
+
+
+def test_seed_imports_are_allowed_for_their_seeds_only():
+    text = good_answer(["torch.relu"], extra_import="from transformers.activations import GELUActivation")
+    assert parse_answer(text).reason == "llm_bad_import"
+    assert isinstance(parse_answer(text, ALLOWED_IMPORTS | {"transformers.activations"}), str)
+
+
+def test_retry_after_header_forms():
+    assert retry_after_s({"retry-after-ms": "250"}) == 0.25
+    assert retry_after_s({"retry-after": "2"}) == 2.0
+    assert 0 < retry_after_s({"retry-after": time.strftime("%a, %d %b %Y %H:%M:%S GMT",
+                                                           time.gmtime(time.time() + 30))}) <= 31
+    assert retry_after_s({"retry-after": "soon"}) is None and retry_after_s({}) is None
+
+
+# --------------------------------------------------------------------------------------------
+# End to end against the local server
+# --------------------------------------------------------------------------------------------
+
+
+def test_good_answer_becomes_a_task_labelled_from_its_ast(server):
+    config = _config(server, "good")
+    task, composer = _compose(config)
+    assert isinstance(task, Task), task
+    # the answer's prose and comments claim Conv3d/GELU; the labels come from the code
+    assert task.provenance["ops"] == ops_from_code(task.code) == ["Linear", "relu"]
+    assert task.provenance["data_source"] == "torch#2"
+    assert task.code == fused_module(["torch.nn.Linear", "torch.relu"])
+    assert task.id == f"synth/{task.sha256[:12]}" and task.name == "Linear_ReLU"
+    assert task.level == 2 and task.source == "synth:llm"
+    prov = task.provenance
+    assert prov["composer"] == "llm" and prov["model"] == config.model and prov["k"] == 2
+    assert prov["seed_ids"] == ["torch.nn.Linear", "torch.relu"] and prov["seed_ops"] == ["Linear", "relu"]
+    assert prov["missing_seed_ops"] == [] and prov["usage"] == USAGE
+    assert prov["cached"] is False and prov["attempts"] == 1
+    (request,) = server.fake.requests[config.model]
+    assert request["max_tokens"] == config.max_tokens and request["temperature"] == config.temperature
+    assert listed_operators(request["messages"][-1]["content"]) == ["torch.nn.Linear", "torch.relu"]
+    assert request["messages"][0]["role"] == "system"
+    assert composer.stats["requests"] == 1 and composer.stats["retries"] == 0
+    assert {k: composer.stats[k] for k in USAGE} == USAGE
+    # K=1 is level 1
+    task, _ = _compose(_config(server, "good"), seeds=[SOFTMAX])
+    assert task.level == 1 and task.provenance["ops"] == ["softmax"] and task.provenance["data_source"] == "torch#1"
+
+
+@pytest.mark.parametrize("behaviour, reason", [
+    ("no-code", "llm_no_code"), ("syntax", "llm_syntax"), ("no-inputs", "llm_missing_inputs"),
+    ("bad-import", "llm_bad_import"), ("two-blocks", "llm_ambiguous"), ("no-ops", "llm_label_empty"),
+    ("truncated", "llm_truncated"),
+])
+def test_malformed_answers_are_rejects(server, behaviour, reason):
+    config = _config(server, behaviour)
+    result, composer = _compose(config)
+    assert isinstance(result, Reject) and result.reason == reason, result
+    assert server.fake.count(config.model) == 1 and composer.stats["retries"] == 0  # an answer is not retried
+    assert composer.stats["total_tokens"] == USAGE["total_tokens"]  # but its tokens were spent
+
+
+def test_rate_limit_retry_after_is_honoured_then_success(server):
+    config = _config(server, "rate-limit-once")
+    start = time.monotonic()
+    task, composer = _compose(config)
+    elapsed = time.monotonic() - start
+    assert isinstance(task, Task), task
+    assert server.fake.count(config.model) == 2
+    assert composer.stats["retries"] == 1 and composer.stats["errors_llm_rate_limited"] == 1
+    assert task.provenance["attempts"] == 2
+    assert elapsed >= 0.28  # waited the 300 ms the server asked for, not the 1 ms backoff
+    assert composer.stats["total_tokens"] == USAGE["total_tokens"]  # the 429 cost no tokens
+
+
+def test_rate_limit_exhausts_retries(server):
+    config = _config(server, "rate-limit", max_retries=3)
+    result, composer = _compose(config)
+    assert isinstance(result, Reject) and result.reason == "llm_rate_limited", result
+    assert "4 attempts" in result.detail
+    assert server.fake.count(config.model) == 4 and composer.stats["retries"] == 3
+
+
+def test_timeout_is_retried_then_success(server):
+    config = _config(server, "slow-once", timeout_s=0.3)
+    task, composer = _compose(config)
+    assert isinstance(task, Task), task
+    assert server.fake.count(config.model) == 2
+    assert composer.stats["errors_llm_timeout"] == 1 and composer.stats["retries"] == 1
+    # every attempt timing out is llm_timeout
+    config = _config(server, "slow-always", timeout_s=0.3, max_retries=1)
+    result, composer = _compose(config)
+    assert isinstance(result, Reject) and result.reason == "llm_timeout", result
+    assert server.fake.count(config.model) == 2 and composer.stats["errors_llm_timeout"] == 2
+
+
+def test_persistent_500_exhausts_retries_and_is_not_cached(server, tmp_path):
+    config = _config(server, "error-500", max_retries=3, cache_path=str(tmp_path / "cache.duckdb"))
+    for n in (1, 2):
+        result, composer = _compose(config)
+        assert isinstance(result, Reject) and result.reason == "llm_error", result
+        assert "4 attempts" in result.detail and "InternalServerError" in result.detail
+        assert composer.stats["errors_llm_error"] == 4 and composer.stats["retries"] == 3
+        assert composer.stats["cache_hits"] == 0
+        assert server.fake.count(config.model) == 4 * n  # an API error is never cached
+    # a status that retrying cannot fix is not retried
+    config = _config(server, "bad-request", max_retries=3)
+    result, composer = _compose(config)
+    assert result.reason == "llm_error" and server.fake.count(config.model) == 1
+    assert composer.stats["retries"] == 0
+
+
+def test_cache_hit_makes_no_request(server, tmp_path):
+    cache = str(tmp_path / "llm.duckdb")
+    config = _config(server, "good", cache_path=cache)
+    composer = LLMComposer(llm=config)
+    first, second = (composer.compose_batch([([LINEAR, RELU], 2)])[0] for _ in range(2))
+    assert server.fake.count(config.model) == 1
+    assert first.code == second.code and first.provenance["cached"] is False and second.provenance["cached"] is True
+    assert second.provenance["usage"] == USAGE and second.provenance["attempts"] == 0
+    assert composer.stats["cache_hits"] == 1 and composer.stats["cache_misses"] == 1
+    assert composer.stats["total_tokens"] == USAGE["total_tokens"]  # a hit spends nothing
+    assert len(composer.client.cache) == 1
+    composer.close()
+    # the file persists: a new composer (a rerun) asks nothing either; another prompt is a miss
+    composer = LLMComposer(llm=config)
+    again = composer.compose_batch([([LINEAR, RELU], 2), ([RELU, LINEAR], 2)])
+    composer.close()
+    assert again[0].code == first.code and again[0].provenance["cached"] is True
+    assert again[1].provenance["cached"] is False and server.fake.count(config.model) == 2
+    # malformed answers are answers: cached too
+    config = _config(server, "no-code", cache_path=cache)
+    assert [_compose(config)[0].reason for _ in range(2)] == ["llm_no_code"] * 2
+    assert server.fake.count(config.model) == 1
+
+
+def test_concurrency_is_bounded_and_order_kept(server):
+    config = _config(server, "slow", concurrency=2)
+    composer = LLMComposer(llm=config)
+    pairs = [(a, b) for a in SEEDS for b in SEEDS if a is not b][:6]
+    start = time.monotonic()
+    results = composer.compose_batch([([a, b], 2) for a, b in pairs])
+    elapsed = time.monotonic() - start
+    composer.close()
+    assert server.fake.count(config.model) == 6
+    assert server.fake.max_in_flight[config.model] == 2  # never more than 2, and more than 1
+    assert [r.provenance["seed_ids"] for r in results] == [[a.id, b.id] for a, b in pairs]
+    assert elapsed >= 0.85  # 6 requests of 0.3 s, 2 at a time
+    assert composer.stats["total_tokens"] == 6 * USAGE["total_tokens"]
+
+
+def test_compose_step_with_llm_composer(server):
+    llm = _config(server, "flaky-tanh", concurrency=3)
+    config = ComposeConfig(composer="llm", n_tasks=5, k_distribution={1: 0.3, 2: 0.7}, seed=3, llm=llm)
+    step = ComposeStep(config)
+    tasks = list(step.run(SEEDS))
+    assert len(tasks) == 5 and len({t.sha256 for t in tasks}) == 5
+    assert all(t.source == "synth:llm" and t.provenance["ops"] == ops_from_code(t.code) for t in tasks)
+    assert all("tanh" not in t.provenance["ops"] for t in tasks)  # the fake LLM refuses tanh
+    stats = step.stats
+    assert stats["kept"] == 5 and stats["k1"] + stats["k2"] == 5
+    assert stats["dropped_llm_no_code"] >= 1  # seed 3 draws tanh at least once; the K is drawn again
+    assert stats["in"] == stats["kept"] + sum(v for key, v in stats.items() if key.startswith("dropped_"))
+    assert all(r.reason in REJECT_REASONS for r in step.rejects)
+    assert step.composer_stats["requests"] == server.fake.count(llm.model) <= stats["in"]
+    assert server.fake.max_in_flight[llm.model] <= 3
+    # deterministic given the seed (the answers being the same)
+    again = ComposeStep(config)
+    assert [t.id for t in again.run(SEEDS)] == [t.id for t in tasks]
+    assert again.stats == stats
