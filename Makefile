@@ -26,6 +26,7 @@ endif
 endif
 
 DEMO_DB := out/demo.duckdb
+DEMO_TARGET ?= 24
 
 .PHONY: venv test demo clean distclean
 
@@ -42,6 +43,7 @@ test: venv
 
 demo: venv
 	mkdir -p out
+	$(BIN)/cudagym dataset build --out out/dataset --target $(DEMO_TARGET) --device cpu --parallel 2
 	$(BIN)/cudagym eval run examples/submission_cpu --problems examples/problems --device cpu --db $(DEMO_DB) --name example-cpu
 	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
 	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)

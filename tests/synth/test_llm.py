@@ -123,6 +123,8 @@ class FakeLLM:
             self.requests[model].append(body)
             if self.total > MAX_REQUESTS:
                 return Reply(400, "too many requests in one test session")
+        if behaviour == "fixed":  # one module whatever the prompt asks for (the build test's crawled seeds)
+            return Reply(content=good_answer(["torch.nn.Linear", "torch.tanh"]))
         prompt = body["messages"][-1]["content"]
         ops = listed_operators(prompt)
         good = good_answer(ops)
@@ -489,3 +491,24 @@ def test_compose_step_with_llm_composer(server):
     again = ComposeStep(config)
     assert [t.id for t in again.run(SEEDS)] == [t.id for t in tasks]
     assert again.stats == stats
+
+
+@pytest.mark.slow
+def test_dataset_build_cli_with_the_llm_composer(server, tmp_path, kernelbench_path, capsys):
+    """End to end: CLI flags -> LLM composer -> dedup, decontamination, the sandboxed filter -> rows."""
+    from cudagym.cli import main
+    from cudagym.synth.publish import read_build_rows
+
+    out = tmp_path / "build"
+    argv = ["dataset", "build", "--out", str(out), "--composer", "llm", "--model", "fixed/build",
+            "--base-url", server.base_url, "--api-key", "test-key", "--llm-timeout", "5", "--max-retries", "1",
+            "--concurrency", "2", "--target", "1", "--device", "cpu", "--parallel", "1", "--no-transformers",
+            "--k-distribution", "2:1"]
+    assert main(argv) == 0, capsys.readouterr().err
+    (row,) = read_build_rows(out / "dataset")
+    assert row["composer"] == "llm" and row["model"] == "fixed/build"
+    assert row["ops"] == ops_from_code(row["code"]) == ["Linear", "tanh"]  # from the AST, not the answer's claims
+    assert row["eager_ms"] > 0 and (out / "llm_cache.duckdb").is_file()
+    requests = server.fake.count("fixed/build")
+    assert main(argv) == 0  # resumed: nothing composed, so no request
+    assert server.fake.count("fixed/build") == requests
