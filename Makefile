@@ -43,7 +43,7 @@ test: venv
 
 demo: venv
 	mkdir -p out
-	$(BIN)/cudagym dataset build --out out/dataset --target $(DEMO_TARGET) --device cpu --parallel 2
+	$(BIN)/cudagym dataset build --out out/build --target $(DEMO_TARGET) --device cpu --parallel 2
 	$(BIN)/cudagym eval run examples/submission_cpu --problems examples/problems --device cpu --db $(DEMO_DB) --name example-cpu
 	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
 	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)

@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     ds = sub.add_parser("dataset", help="build and publish the fused-operator task set").add_subparsers(
         dest="sub", required=True, parser_class=_Parser)
     dsb = ds.add_parser("build", help="crawl, compose, dedup, decontaminate, filter, label, publish (resumable)")
-    dsb.add_argument("--out", default="out/dataset", help="build folder: build.duckdb, dataset/, funnel.json")
+    dsb.add_argument("--out", default="out/build", help="build folder: build.duckdb, dataset/, funnel.json")
     dsb.add_argument("--composer", choices=("programmatic", "llm"), default="programmatic")
     dsb.add_argument("--target", type=int, default=200, help="rows to publish (default 200)")
     dsb.add_argument("--seed", type=int, default=0)

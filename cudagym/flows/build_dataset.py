@@ -94,4 +94,4 @@ def build_dataset(config: BuildConfig) -> dict:
 if __name__ == "__main__":
     import sys
 
-    build_dataset(BuildConfig(out=sys.argv[1] if len(sys.argv) > 1 else "out/dataset"))
+    build_dataset(BuildConfig(out=sys.argv[1] if len(sys.argv) > 1 else "out/build"))
