@@ -1,14 +1,17 @@
 """Synthesis of CUDA-Agent-Ops-style training tasks.
 
 A build is a list of steps (STYLE point 4): crawl seed operators (`crawl`), compose up to five of
-them into one fused task (`compose`), then filter, dedup, decontaminate and write (later steps).
+them into one fused task (`compose`, `llm`), dedup and decontaminate (`cudagym.dedup`), run each
+task in the harness's sandbox (`filter`), label and publish (`publish`); `build` runs them,
+resumably, and `cudagym.flows.build_dataset` is the same as a Prefect flow.
 
 - `crawl.crawl_torch()` / `crawl.crawl_transformers()` -> (seeds, skips): every seed verified by
   running it on meta tensors and on small real CPU inputs; every rejected candidate is a `Skip`
   with a reason code.
 - `compose.COMPOSERS["programmatic"]` chains seeds whose shapes connect and writes the fused
-  `Model` with libcst; `compose.ops_from_code` / `compose.data_source_of` derive the dataset's
-  `ops` and `data_source` labels from a task's AST.
+  `Model` with libcst; `llm.LLMComposer` asks an OpenAI-compatible endpoint; `compose.ops_from_code`
+  / `compose.data_source_of` derive the dataset's `ops` and `data_source` labels from a task's AST.
+- `filter.decide` keeps or drops a task from what the sandboxed judge measured (`filter.REASONS`).
 """
 
 from cudagym.synth.crawl import InputSpec, Seed, Skip, crawl_torch, crawl_transformers
