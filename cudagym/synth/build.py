@@ -395,11 +395,11 @@ def build_dataset(config: BuildConfig) -> dict:
 
 def filter_batch(store: BuildStore, config: BuildConfig, missing: int) -> int:
     """How many candidates the next round filters: enough for the missing rows at the filter's
-    yield so far (0.8 until 20 are measured), times the margin. The filter is the expensive stage:
+    yield so far (0.85 until 20 are measured), times the margin. The filter is the expensive stage:
     filtering a fixed multiple would waste most of a round on rows the target does not need."""
     results = list(store.filtered().values())
     kept = sum(r.keep for r in results)
-    rate = kept / len(results) if len(results) >= 20 else 0.8
+    rate = kept / len(results) if len(results) >= 20 else 0.85
     return math.ceil(missing / max(rate, 0.05) * config.oversample)
 
 

@@ -47,7 +47,7 @@ class FilterConfig:
     rtol: float = 1e-2
     task_timeout_s: float = 300.0  # one task's whole judge run: eager, compile, timing
     parallel: int = 1  # judges at once (per GPU with the ray runner)
-    chunk: int = 4  # tasks per judge process (torch and inductor start once for them)
+    chunk: int = 8  # tasks per judge process (torch and inductor start once for them)
     runner: str = "local"
     address: str | None = None
     max_timing_s: float = 2.0  # timing of one task: enough for a stable median, not a benchmark
