@@ -180,6 +180,24 @@ def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], wo
     return worker.env, {t.id: r for t, r in zip(todo, results)}
 
 
+def chunks_of(tasks: list[Task], size: int) -> list[list[Task]]:
+    return [tasks[i:i + size] for i in range(0, len(tasks), size)]
+
+
+def dispatch_reference(tasks: list[Task], mode: str, on_result: Callable[[Task, dict, dict], None], config: EvalConfig,
+                       parallel: int = 1, chunk: int = 4, runner: str = "local", address: str | None = None,
+                       description: str = "") -> None:
+    """Reference runs of every task in `mode` (audit, filter), `chunk` tasks per judge;
+    on_result(task, machine env, result) runs in this thread once per task."""
+    def record(chunk_tasks: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
+        env, by_id = result
+        for task in chunk_tasks:
+            on_result(task, env, by_id.get(task.id, {}))
+
+    dispatch(((c, partial(reference_job, c, mode, frozenset())) for c in chunks_of(tasks, chunk)), record, config,
+             parallel, runner, address, description or f"{mode}, {chunk} tasks per judge")
+
+
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,
                    parallel: int = 1, levels: list[int] | None = None, kb_version: str | None = None,
                    runner: str = "local", address: str | None = None) -> list[Verdict]:
@@ -234,7 +252,7 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
         keys = {t.id: [baseline_key(t, env, config.timing_mode) for env in pool.envs] for t in tasks}
         cached = {key for t in tasks for key in keys[t.id] if store.get_baseline(key) is not None}
         todo = [t for t in tasks if not cached.issuperset(keys[t.id])]
-        chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
+        chunks = chunks_of(todo, chunk)
         skips = [frozenset(key for t in c for key in keys[t.id] if key in cached) for c in chunks]
         # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
         # timed, so they may share the GPU). Phase 2 times with the GPU held exclusively; its compiles
@@ -255,16 +273,12 @@ def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: i
     """For every task, the degenerate probes its correctness check accepts (contract: `audit kernelbench`)."""
     rows: dict[str, dict] = {}
 
-    def record(chunk_tasks: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
-        for task in chunk_tasks:
-            found = result[1][task.id]
-            row = {"level": task.level, "problem_id": task.problem_id, "name": task.name,
-                   "accepts": found.get("accepts", [])}
-            if "accepts" not in found:
-                row["error"] = found.get("reason", "failed")
-            rows[task.id] = row
+    def record(task: Task, env: dict, found: dict) -> None:
+        row = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "accepts": found.get("accepts", [])}
+        if "accepts" not in found:
+            row["error"] = found.get("reason", "failed")
+        rows[task.id] = row
 
-    chunks = [tasks[i:i + chunk] for i in range(0, len(tasks), chunk)]
-    dispatch(((c, partial(reference_job, c, "audit", frozenset())) for c in chunks), record, config, parallel, runner,
-             address, f"audit, {chunk} problems per judge")
+    dispatch_reference(tasks, "audit", record, config, parallel, chunk, runner, address,
+                       f"audit, {chunk} problems per judge")
     return [rows[t.id] for t in tasks]

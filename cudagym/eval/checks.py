@@ -43,6 +43,11 @@ def structure_mismatch(cand: list[torch.Tensor], ref: list[torch.Tensor]) -> str
     return None
 
 
+def non_finite(outputs: list[torch.Tensor]) -> list[int]:
+    """Indices of the float or complex outputs holding a NaN or an infinity."""
+    return [i for i, t in enumerate(outputs) if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
+
+
 def compare(cand: list[torch.Tensor], ref: list[torch.Tensor], tol: Tolerance) -> str | None:
     """None if cand matches ref (structure, finiteness, |c - r| <= atol + rtol |r|), else the reason."""
     mismatch = structure_mismatch(cand, ref)
@@ -50,7 +55,7 @@ def compare(cand: list[torch.Tensor], ref: list[torch.Tensor], tol: Tolerance) -
         return mismatch
     for i, (c, r) in enumerate(zip(cand, ref)):
         if c.is_floating_point() or c.is_complex():
-            if not bool(torch.isfinite(c).all()):
+            if non_finite([c]):
                 return f"output {i} has non-finite values"
             # In the outputs' own dtype, like torch.allclose: float64 copies of multi-GB outputs cost
             # memory and time and change nothing at a tolerance of 1e-2.

@@ -629,10 +629,6 @@ STOCHASTIC_OPS = {"bernoulli", "bernoulli_", "native_dropout", "dropout", "featu
                   "_standard_gamma", "_sample_dirichlet", "binomial"}
 
 
-def _non_finite(outputs: list[torch.Tensor]) -> list[int]:
-    return [i for i, t in enumerate(outputs) if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
-
-
 def measure_task(ev: Evaluation) -> dict:
     """What the dataset filter needs to know about a task, measured in this sandboxed process; the
     keep/drop decision is the driver's (`cudagym.synth.filter.decide`). Stops at the first failing
@@ -652,8 +648,8 @@ def _measure_task(ev: Evaluation, out: dict) -> None:
         a = make_inputs(ev.ref, ev.new_seed(), req.device)
         b = make_inputs(ev.ref, ev.new_seed(), req.device)
         record = OpRecord()
-        with make_guard(record), torch.no_grad():
-            ref_a = checks.as_tensor_list(ev.model(*clone_inputs(a)))
+        with make_guard(record):
+            ref_a = run_reference(ev.model, a)
         out["aten_ops"] = sorted({short_name(n) for n in record.python_aten | record.cpp_aten})
         stochastic = sorted(set(out["aten_ops"]) & STOCHASTIC_OPS)
         out.update(stage="ops", stochastic_ops=stochastic)
@@ -662,7 +658,7 @@ def _measure_task(ev: Evaluation, out: dict) -> None:
         out["stage"] = "outputs"
         out["output_shapes"] = [list(t.shape) for t in ref_a]
         out["empty"] = [i for i, t in enumerate(ref_a) if t.numel() == 0]
-        out["non_finite"] = _non_finite(ref_a)
+        out["non_finite"] = checks.non_finite(ref_a)
         if out["empty"] or out["non_finite"]:
             return
         out["stage"] = "determinism"
@@ -671,14 +667,13 @@ def _measure_task(ev: Evaluation, out: dict) -> None:
             return
         out["stage"] = "outputs"
         ref_b = run_reference(ev.model, b)
-        out["non_finite"] = _non_finite(ref_b)
+        out["non_finite"] = checks.non_finite(ref_b)
         out["degenerate"] = [] if out["non_finite"] else checks.accepted_probes(ref_a, a, ref_b, ev.tol)
         if out["non_finite"] or out["degenerate"]:
             return
         out["stage"] = "compile"
         compiled, out["compile_s"] = compile_reference(ev.model, [a], req.device)
-        with torch.no_grad():
-            out["compile_mismatch"] = checks.compare(checks.as_tensor_list(compiled(*clone_inputs(b))), ref_b, ev.tol)
+        out["compile_mismatch"] = checks.compare(run_reference(compiled, b), ref_b, ev.tol)
         if out["compile_mismatch"]:
             return
         del ref_a, ref_b

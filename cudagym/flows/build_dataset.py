@@ -51,12 +51,6 @@ def filter_batch(config: BuildConfig, missing: int) -> int:
         return build.filter_batch(store, config, missing)
 
 
-@ptask(cache_policy=NO_CACHE, name="unfiltered")
-def unfiltered(config: BuildConfig) -> int:
-    with _store(config) as store:
-        return build.unfiltered(store, config)
-
-
 @ptask(cache_policy=NO_CACHE, name="publish")
 def publish(config: BuildConfig, crawl_entry: dict) -> dict:
     with _store(config) as store:
@@ -72,12 +66,12 @@ def build_dataset(config: BuildConfig) -> dict:
         store.check_identity(config.identity())
     crawl_entry = crawl(config)
     for _ in range(config.max_rounds):
-        n_rows, _ = select(config, 0)
+        n_rows, stages = select(config, 0)
         missing = config.target - n_rows
         if missing <= 0:
             break
         wanted = filter_batch(config, missing)
-        pending = unfiltered(config)
+        pending = build.unfiltered(stages)
         if pending < wanted:
             compose(config, wanted - pending)
         n_rows, _ = select(config, wanted)

@@ -377,17 +377,16 @@ def build_dataset(config: BuildConfig) -> dict:
     with BuildStore(out / "build.duckdb") as store:
         store.check_identity(config.identity())
         seeds, crawl = crawl_stage(config)
-        for _ in range(config.max_rounds):
-            labelled, _ = select(store, config)
+        for round_ in range(config.max_rounds + 1):
+            labelled, stages = select(store, config)
             missing = config.target - len(labelled)
-            if missing <= 0:
+            if missing <= 0 or round_ == config.max_rounds:
                 break
             wanted = filter_batch(store, config, missing)
-            pending = unfiltered(store, config)
+            pending = unfiltered(stages)
             if pending < wanted:
                 compose_stage(store, seeds, config, next_round(store), wanted - pending)
             select(store, config, filter_more=wanted)
-        labelled, stages = select(store, config)
         if len(labelled) < config.target:
             log.warning("build: %d of %d rows after %d rounds", len(labelled), config.target, config.max_rounds)
         return publish_stage(config, dataset_rows(store, labelled), [crawl] + stages)
@@ -403,12 +402,10 @@ def filter_batch(store: BuildStore, config: BuildConfig, missing: int) -> int:
     return math.ceil(missing / max(rate, 0.05) * config.oversample)
 
 
-def unfiltered(store: BuildStore, config: BuildConfig) -> int:
-    """Candidates past dedup and decontamination that the filter has not seen yet."""
-    seqs, _ = dedup_stage(store)
-    seqs, _ = decontaminate_stage(store, config, seqs)
-    done = store.filtered()
-    return sum(1 for seq, task in store.candidates() if seq in seqs and task.sha256 not in done)
+def unfiltered(stages: list[dict]) -> int:
+    """Candidates past dedup and decontamination that the filter has not seen yet, from `select`'s
+    funnel entries (the filter stage counts them as `not_needed`)."""
+    return next(s for s in stages if s["stage"] == "filter")["dropped"].get("not_needed", 0)
 
 
 def next_round(store: BuildStore) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Callable, Iterable
 
 from cudagym.eval.evaluate import EvalConfig
@@ -132,18 +131,13 @@ def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> 
 def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[[Task, FilterResult], None]) -> None:
     """Measure and decide every task on the runner's workers; on_result(task, result) runs in the
     calling thread, once per task, as results arrive (store them there: a killed run keeps them)."""
-    from cudagym.eval.batch import dispatch, reference_job
+    from cudagym.eval.batch import dispatch_reference
 
-    tasks = list(tasks)
-    chunks = [tasks[i:i + config.chunk] for i in range(0, len(tasks), config.chunk)]
+    def record(task: Task, env: dict, measured: dict) -> None:
+        on_result(task, decide(measured, config.window_ms, env.get("gpu", "")))
 
-    def record(chunk: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
-        env, measured = result
-        for task in chunk:
-            on_result(task, decide(measured.get(task.id, {}), config.window_ms, env.get("gpu", "")))
-
-    dispatch(((c, partial(reference_job, c, "filter", frozenset())) for c in chunks), record, config.eval_config(),
-             config.parallel, config.runner, config.address, f"filter, {config.chunk} tasks per judge")
+    dispatch_reference(list(tasks), "filter", record, config.eval_config(), config.parallel, config.chunk,
+                       config.runner, config.address, f"filter, {config.chunk} tasks per judge")
 
 
 def with_measurement(task: Task, result: FilterResult) -> Task:
