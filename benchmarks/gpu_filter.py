@@ -1,6 +1,6 @@
 """The filter stage on a GPU: compose programmatic candidates at GPU scale and filter them.
 
-    python benchmarks/gpu_filter.py OUT.json --scales 16,24,32 --n 400 --parallel 16 [--seconds 480]
+    python benchmarks/gpu_filter.py OUT.json --scales 16,24,32 --n 400 --parallel 16 [--seconds 480] [--runner ray]
 
 Composes about `--n` candidates per scale (`--compose-procs` processes per scale with different
 seeds, in parallel: composing is single-threaded CPU work), then filters them all with the GPU runtime window (default 1-100 ms)
@@ -12,10 +12,11 @@ torch, libcst and duckdb only (no datasets, prefect or openai), so it runs on th
 
 from __future__ import annotations
 
-import _thread
 import argparse
 import json
 import math
+import os
+import signal
 import statistics
 import threading
 import time
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=480)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compose-procs", type=int, default=4, help="processes composing each scale")
+    parser.add_argument("--runner", default="local", choices=["local", "ray"], help="ray: every GPU of the box")
     args = parser.parse_args()
 
     from cudagym.synth.filter import FilterConfig, run_filter
@@ -60,17 +62,13 @@ def main() -> None:
     print(f"composed {len(tasks)} candidates in {compose_s:.0f} s", flush=True)
 
     results: dict[str, dict] = {}
-    config = FilterConfig(device=args.device, parallel=args.parallel, chunk=4, task_timeout_s=240)
-    stopped = threading.Event()
+    config = FilterConfig(device=args.device, parallel=args.parallel, chunk=4, task_timeout_s=240, runner=args.runner)
+    def stop() -> None:  # an interrupted batch kills its judges and keeps what they had finished
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the main thread where it waits
 
-    def stop() -> None:  # an interrupted batch kills its judges; what they had not finished stays unmeasured
-        stopped.set()
-        _thread.interrupt_main()
-
-    def record(task: Task, result) -> None:
-        if not stopped.is_set():
-            results[task.id] = {**result.to_dict(), "compile_s": result.compile_s, "timing_s": result.timing_s,
-                                "scale": task.provenance["scale"]}
+    def record(task: Task, result) -> None:  # after a stop too: only finished tasks are reported
+        results[task.id] = {**result.to_dict(), "compile_s": result.compile_s, "timing_s": result.timing_s,
+                            "scale": task.provenance["scale"]}
 
     timer = threading.Timer(args.seconds, stop)
     timer.start()

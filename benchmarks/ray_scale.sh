@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Scale-out on the GPU box: KernelBench v0.1 L1-3 baselines, then the reference-as-candidate eval,
-# both with `--runner ray` on every visible GPU (one Ray worker per GPU, --parallel judges on each),
-# with the wall time of each. Runs on any kind (nvidia-h200, -x2, -x4, -x8); compare their walls.
+# Scale-out on the GPU box: KernelBench v0.1 L1-3 baselines, then the reference-as-candidate eval
+# twice (reference-a, reference-b: repeatability), all with `--runner ray` on every visible GPU (one
+# Ray worker per GPU, --parallel judges on each), with the wall time of each. Runs on any kind
+# (nvidia-h200, -x2, -x4, -x8); compare their walls.
 #
 # Carry (64 MiB a call in all; about 57 MB with these): .whl (duckdb, libcst; see gpu_env.sh),
 # .whl-ray (`python benchmarks/slim_ray_wheel.py` here: ray 2.60.0 repacked without Java jars, the
@@ -10,9 +11,10 @@
 # brought back as .devout/ray.duckdb.
 # From the repo root on the GPU box:
 #   bash benchmarks/ray_scale.sh STEP [SECONDS]
-# STEP: baselines | eval | report | all (baselines, eval, report within SECONDS). A step is
-# interrupted cleanly at SECONDS (default 540) and resumes next time. Results under $OUT: ray.duckdb,
-# summary.txt (step, exit code, wall seconds, GPUs), STEP.txt (the command's output), report.txt.
+# STEP: baselines | eval | report | all (baselines, both evals, report within SECONDS). A step is
+# interrupted cleanly at SECONDS (default 540) and resumes next time. Results under $OUT (7 files; the
+# device returns at most 8): ray.duckdb, summary.txt (step, exit code, wall seconds, GPUs), STEP.txt
+# (each command's output: baselines, eval-a, eval-b), report.txt (benchmarks/repeatability.py), env.txt.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-ray/*.whl || exit 1
@@ -33,31 +35,17 @@ run() {  # NAME CMD...: until END, then SIGINT (what is stored stays stored)
 }
 
 baselines() { run baselines python3 -m cudagym baseline run --runner ray --db "$DB" "${SELECT[@]}"; }
-evaluate() {
-  python3 benchmarks/reference_submission.py /tmp/refsub --kb-version v0.1 --levels 1,2,3
-  run eval python3 -m cudagym eval run /tmp/refsub --runner ray --db "$DB" --policy permissive --name reference-ray \
-    "${SELECT[@]}"
+evaluate() {  # RUN: the reference-as-candidate submission, stored as reference-RUN
+  [ -d /tmp/refsub ] || python3 benchmarks/reference_submission.py /tmp/refsub --kb-version v0.1 --levels 1,2,3
+  run "eval-$1" python3 -m cudagym eval run /tmp/refsub --runner ray --db "$DB" --policy permissive \
+    --name "reference-$1" "${SELECT[@]}"
 }
-report() {
-  python3 - "$DB" <<'EOF' | tee "$OUT/report.txt"
-import statistics, sys
-import duckdb
-con = duckdb.connect(sys.argv[1], read_only=True)
-print("baselines by GPU:", con.execute("SELECT gpu, count(*) FROM baselines GROUP BY gpu").fetchall())
-print("reference-ray verdicts:", con.execute("SELECT status, count(*) FROM verdicts WHERE submission = 'reference-ray'"
-                                             " GROUP BY status ORDER BY 2 DESC").fetchall())
-ratios = [c / e for c, e in con.execute("SELECT t_candidate_ms, t_eager_ms FROM verdicts WHERE submission = 'reference-ray'"
-                                         " AND status = 'pass'").fetchall() if c and e]
-if ratios:
-    print(f"candidate/eager over {len(ratios)} passes: median {statistics.median(ratios):.4f},"
-          f" min {min(ratios):.4f}, max {max(ratios):.4f}")
-EOF
-}
+report() { python3 benchmarks/repeatability.py "$DB" 2>&1 | tee "$OUT/report.txt"; }
 
 case $STEP in
   baselines) baselines ;;
-  eval) evaluate ;;
+  eval) evaluate a; evaluate b ;;
   report) report ;;
-  all) baselines; evaluate; report ;;
+  all) baselines; evaluate a; evaluate b; report ;;
   *) echo "usage: bash benchmarks/ray_scale.sh baselines|eval|report|all [SECONDS]" >&2; exit 1 ;;
 esac

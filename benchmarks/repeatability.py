@@ -7,7 +7,9 @@ own DuckDB file, since a DuckDB file has one writer).
 
 Prints, per run, how many problems passed and its wall time (first to last stored verdict), and
 for problems that passed in both, the median and max relative difference of speedup_vs_eager and
-speedup_vs_compile. Baseline count and time span too.
+speedup_vs_compile. Baseline count and time span too. Then, per run, every problem that did not
+pass (status, flags, reason) and the median seconds a judge spent in each phase (load, waiting for
+memory, checks, timing), and whether the two runs agree on every problem's status.
 """
 
 import argparse
@@ -47,6 +49,24 @@ def main() -> None:
         n, first, last = store.sql("select count(*), min(created), max(created) from baselines")[0]
         if n:
             print(f"baselines: {n}, stored from {first} to {last} ({(last - first).total_seconds():.0f} s)")
+        statuses = {}
+        for name, source in ((args.a, store), (args.b, store_b)):
+            verdicts = source.verdicts(name)
+            statuses[name] = {(v["level"], v["problem_id"]): v["status"] for v in verdicts}
+            phases: dict[str, list[float]] = {}
+            for v in verdicts:
+                for phase, seconds in (v.get("timing") or {}).get("info", {}).get("phase_s", {}).items():
+                    phases.setdefault(phase, []).append(seconds)
+            if phases:
+                print(f"{name} judge phases, median s: " + ", ".join(f"{k} {statistics.median(x):.2f}" for k, x in phases.items()))
+            for v in sorted(verdicts, key=lambda v: (v["level"], v["problem_id"])):
+                if v["status"] != "pass":
+                    print(f"  {name} L{v['level']}/{v['problem_id']} {v.get('name', '')}: {v['status']}"
+                          f" {v.get('flags') or ''} {str(v.get('reason', ''))[:200]}")
+        both = set(statuses[args.a]) & set(statuses[args.b])
+        differ = sorted(k for k in both if statuses[args.a][k] != statuses[args.b][k])
+        print(f"statuses agree on {len(both) - len(differ)} of {len(both)} problems in both runs"
+              + (f"; differ on {differ}" if differ else ""))
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ import contextlib
 import os
 import re
 import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_jobs, stop_live_judges
+from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, clear_stop, run_reference_jobs, stop_live_judges
+from cudagym.eval.gpulock import timing_cpu_split
 from cudagym.eval.store import BaselineKey, Store
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task, TaskError
@@ -31,6 +32,8 @@ from cudagym.tasks import Task, TaskError
 SUBMISSION_FILE = re.compile(r"^(\d+)(?:_.*)?\.py$")
 NO_FILE = "no file for this problem in the submission"
 RUNNERS = ("local", "ray")
+TIMING_JUDGES_PER_GPU = 4  # baseline timing: enough judges to prepare while one holds the GPU
+DRAIN_S = 30.0  # after a stop, how long to wait for the stopped judges' finished work
 
 
 def machine_env(device: str) -> dict:
@@ -70,8 +73,14 @@ def submission_files(submission_dir: str | Path) -> dict[tuple[int, int], Path]:
 
 def _batch_config(config: EvalConfig, parallel: int) -> EvalConfig:
     """Judges side by side: share the GPU through a lock file, and the CPU cores between them."""
+    if config.device.startswith("cuda") and config.timing_cpus is None:  # this GPU's timing cores (gpulock)
+        import torch
+
+        timing, work = timing_cpu_split(int(config.device.split(":")[1]), torch.cuda.device_count(),
+                                        sorted(os.sched_getaffinity(0)))
+        config = replace(config, timing_cpus=timing, work_cpus=work)
     if parallel > 1 and not config.compile_threads:
-        config = replace(config, compile_threads=max(1, (os.cpu_count() or 1) // parallel))
+        config = replace(config, compile_threads=max(1, len(config.work_cpus or os.sched_getaffinity(0)) // parallel))
     if config.device.startswith("cuda") and not config.lock_path:
         lock_dir = Path(tempfile.gettempdir()) / "cudagym-locks"
         config = replace(config, lock_path=str(lock_dir / f"gpu-{config.device.replace(':', '')}.lock"))
@@ -85,15 +94,27 @@ def _batch_config(config: EvalConfig, parallel: int) -> EvalConfig:
 def _run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int, on_result: Callable[[object, object], None],
              description: str, total: int) -> None:
     """Run job thunks on `parallel` threads (each drives a subprocess), reporting with a progress bar."""
+    clear_stop()
     with progress_bar(description, total) as advance, ThreadPoolExecutor(max_workers=parallel) as pool:
         futures: dict[Future, object] = {pool.submit(thunk): key for key, thunk in jobs}
+        recorded: set[Future] = set()
         try:
             for future in as_completed(futures):
                 on_result(futures[future], future.result())
+                recorded.add(future)
                 advance()
-        except BaseException:  # Ctrl-C or a timeout's SIGINT: stop at once; what is stored stays stored
+        except BaseException:  # Ctrl-C or a timeout's SIGINT: stop now, but keep what was finished
             pool.shutdown(wait=False, cancel_futures=True)
             stop_live_judges()
+            # The stopped judges' threads return at once with what their judges had finished (a
+            # chunk of tasks may be half done); store that before going.
+            try:
+                finished, _ = wait([f for f in futures if f not in recorded and not f.cancelled()], timeout=DRAIN_S)
+                for future in finished:
+                    if future.exception() is None:
+                        on_result(futures[future], future.result())
+            finally:
+                clear_stop()
             raise
 
 
@@ -129,6 +150,7 @@ class LocalPool:
         self.parallel = parallel
         self.worker = Worker(_batch_config(config, parallel), machine_env(config.device))
         self.envs = [self.worker.env]
+        self.n_workers = 1
 
     def run(self, jobs: Iterable[tuple[object, Job]], on_result: Callable[[object, object], None], description: str,
             total: int) -> None:
@@ -144,7 +166,8 @@ class LocalPool:
 def open_pool(config: EvalConfig, parallel: int = 1, runner: str = "local", address: str | None = None):
     """The workers jobs run on, as a context manager with `envs` (the machines of its workers) and
     `run(jobs, on_result, description, total)`: `parallel` threads here (local), or one worker per GPU
-    of a Ray cluster with `parallel` judges each (ray: the cluster at `address`, else a local one)."""
+    of a Ray cluster with `parallel` judges each (ray: the cluster at `address`, else a local one), and
+    `n_workers`, how many workers (GPUs) it has."""
     if runner not in RUNNERS:
         raise ValueError(f"unknown runner {runner!r} (choose from {', '.join(RUNNERS)})")
     if runner == "ray":
@@ -177,11 +200,17 @@ def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], wo
     whose baseline the worker's machine has already; (machine, {task.id: result})."""
     todo = [t for t in tasks if baseline_key(t, worker.env, worker.config.timing_mode) not in skip]
     results = run_reference_jobs(todo, mode, worker.config) if todo else []
-    return worker.env, {t.id: r for t, r in zip(todo, results)}
+    return worker.env, {t.id: r for t, r in zip(todo, results) if r is not None}  # None: stopped before it ran
 
 
 def chunks_of(tasks: list[Task], size: int) -> list[list[Task]]:
     return [tasks[i:i + size] for i in range(0, len(tasks), size)]
+
+
+def strided(tasks: list[Task], n: int) -> list[list[Task]]:
+    """At most n shares of the tasks, dealt out in turn: each share has its part of every level."""
+    n = min(n, len(tasks))
+    return [tasks[i::n] for i in range(n)]
 
 
 def dispatch_reference(tasks: list[Task], mode: str, on_result: Callable[[Task, dict, dict], None], config: EvalConfig,
@@ -192,7 +221,8 @@ def dispatch_reference(tasks: list[Task], mode: str, on_result: Callable[[Task, 
     def record(chunk_tasks: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
         env, by_id = result
         for task in chunk_tasks:
-            on_result(task, env, by_id.get(task.id, {}))
+            if task.id in by_id:  # a stopped judge reports only what it finished
+                on_result(task, env, by_id[task.id])
 
     dispatch(((c, partial(reference_job, c, mode, frozenset())) for c in chunks_of(tasks, chunk)), record, config,
              parallel, runner, address, description or f"{mode}, {chunk} tasks per judge")
@@ -252,20 +282,27 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
         keys = {t.id: [baseline_key(t, env, config.timing_mode) for env in pool.envs] for t in tasks}
         cached = {key for t in tasks for key in keys[t.id] if store.get_baseline(key) is not None}
         todo = [t for t in tasks if not cached.issuperset(keys[t.id])]
-        chunks = chunks_of(todo, chunk)
-        skips = [frozenset(key for t in c for key in keys[t.id] if key in cached) for c in chunks]
+        skip = partial(_cached_keys, keys=keys, cached=cached)
         # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
-        # timed, so they may share the GPU). Phase 2 times with the GPU held exclusively; its compiles
-        # are cache hits, so a judge waiting to time never waits long behind a compile. Each judge
-        # takes a few tasks, so process start-up and compiler initialisation are paid once for them.
-        pool.run(((c, partial(reference_job, c, "warm", s)) for c, s in zip(chunks, skips)), lambda c, r: None,
-                 f"compile, {chunk} problems per judge", len(chunks))
-        pool.run(((c, partial(reference_job, c, "baseline", s)) for c, s in zip(chunks, skips)), record_chunk,
-                 f"time, {chunk} problems per judge", len(chunks))
+        # timed, so they may share the GPU); a few tasks per judge balance the cores. Phase 2 times
+        # with the GPU held exclusively. Its compiles are cache hits, but a judge's first one still
+        # costs ~10 s of compiler start-up under the shared lock, and a judge waiting to time waits
+        # for it. Timing is serial anyway, so phase 2 runs a few long-lived judges per GPU (one times
+        # while the others prepare), each with an even share of the levels (strided, not in order).
+        warm = chunks_of(todo, chunk)
+        pool.run(((c, partial(reference_job, c, "warm", skip(c))) for c in warm), lambda c, r: None,
+                 f"compile, {chunk} problems per judge", len(warm))
+        timed = strided(todo, pool.n_workers * min(parallel, TIMING_JUDGES_PER_GPU))
+        pool.run(((c, partial(reference_job, c, "baseline", skip(c))) for c in timed), record_chunk,
+                 f"time, {len(timed)} judges", len(timed))
         env = pool.envs[0]
     for task in tasks:
         results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode)) or {})
     return results
+
+
+def _cached_keys(tasks: list[Task], keys: dict[str, list[BaselineKey]], cached: set[BaselineKey]) -> frozenset[BaselineKey]:
+    return frozenset(key for t in tasks for key in keys[t.id] if key in cached)
 
 
 def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: int = 4, runner: str = "local",

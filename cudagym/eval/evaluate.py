@@ -26,13 +26,30 @@ from cudagym.tasks.sandbox import describe_exit, kill_tree
 POLICIES = ("strict", "permissive")
 _LIVE_JUDGES: set[subprocess.Popen] = set()  # so an interrupted batch can stop them (they run in their own sessions)
 _LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set by stop_live_judges: a judge that ends now was killed, not finished
+
+
+class Interrupted(Exception):
+    """A judge was stopped with its batch; `results` holds what a multi-task judge had finished."""
+
+    def __init__(self, results: list | None = None):
+        super().__init__("stopped with its batch")
+        self.results = results or []
 
 
 def stop_live_judges() -> None:
-    """Kill every judge this process started that is still running (and, with it, its runner)."""
+    """Kill every judge this process started that is still running (and, with it, its runner);
+    the threads waiting on them raise Interrupted, carrying what was finished."""
+    _STOPPING.set()
     with _LIVE_LOCK:
         for proc in list(_LIVE_JUDGES):
             kill_tree(proc.pid)
+
+
+def clear_stop() -> None:
+    """After a stop (its finished work collected) or before a new batch: judges that end from now on
+    finished, they were not stopped."""
+    _STOPPING.clear()
 
 
 class CandidateError(ValueError):
@@ -60,6 +77,8 @@ class EvalConfig:
     max_reps: int = 100
     max_timing_s: float = 10.0
     task_timeout_s: float | None = None  # bound on one task's whole judge run; None: derived from the above
+    timing_cpus: tuple[int, ...] | None = None  # cores the exclusive lock's holder times on (gpulock); None: unset
+    work_cpus: tuple[int, ...] | None = None  # cores judges work on otherwise; () for either: no pinning
 
     def __post_init__(self):
         if self.device == "cuda":  # torch.cuda.set_device needs an index
@@ -140,13 +159,26 @@ def _cache_dirs() -> list[str]:
 def run_judge(request: dict, config: EvalConfig) -> dict:
     """Run a judge; if it ran out of GPU memory beside other judges, run it again holding the GPU alone."""
     result = _run_judge_once(request, config)
-    if config.lock_path and "out of memory" in str(result.get("reason", "")).lower():
+    if config.lock_path and out_of_memory(result):
         result = _run_judge_once(dict(request, exclusive=True), config)
     return result
 
 
+# How running out of GPU memory reads: PyTorch's allocator, the CUDA runtime (a context or kernel
+# launch), and cuDNN / cuBLAS failing to get a workspace (cuDNN often says only INTERNAL_ERROR).
+OUT_OF_MEMORY = ("out of memory", "cudaerrormemoryallocation", "alloc_failed", "allocation_failed",
+                 "cudnn_status_internal_error")
+
+
+def out_of_memory(result: dict) -> bool:
+    reason = str(result.get("reason", "")).lower()
+    return any(sign in reason for sign in OUT_OF_MEMORY)
+
+
 def _run_judge_once(request: dict, config: EvalConfig) -> dict:
     """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
+    if _STOPPING.is_set():  # a job that got a thread as its batch was being stopped
+        raise Interrupted()
     timeout_s = config.judge_timeout_s
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
     # The judge writes its workdir, the build caches and (for the shared memory ledger) the lock folder.
@@ -180,6 +212,8 @@ def _run_judge_once(request: dict, config: EvalConfig) -> dict:
         result_path = os.path.join(workdir, "result.json")
         lines_path = os.path.join(workdir, "results.jsonl")
         done = [json.loads(line) for line in Path(lines_path).read_text().splitlines()] if os.path.exists(lines_path) else None
+        if not os.path.exists(result_path) and _STOPPING.is_set():
+            raise Interrupted(done)
         if not os.path.exists(result_path):
             tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-1:] if os.path.exists(log_path) else []
             return {"status": "runtime_error", "judge_error": True,
@@ -212,6 +246,7 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
                "timing_mode": config.timing_mode, "time_candidate": config.time_candidate,
                "call_timeout_s": config.timeout_s, "init_timeout_s": config.build_timeout_s,
                "runner_memory_bytes": int(config.memory_limit_gb * 2**30), "lock_path": config.lock_path,
+               "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
                "seed": config.seed, "min_reps": config.min_reps, "max_reps": config.max_reps,
                "max_timing_s": config.max_timing_s, "compile_baseline": config.time_candidate and config.compile_baseline
                and t_compile_ms is None}
@@ -240,6 +275,7 @@ def _reference_request(task: Task, mode: str, config: EvalConfig, compile_baseli
     return {"mode": mode, "ref_code": task.code, "device": config.device, "n_checks": config.n_checks,
             "atol": config.atol, "rtol": config.rtol, "timing_mode": config.timing_mode,
             "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
+            "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
             "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,
             "call_timeout_s": config.timeout_s}
 
@@ -253,15 +289,19 @@ def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baselin
 def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile_baseline: bool = True) -> list[dict]:
     """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
     Tasks the process did not finish (it died or timed out), and tasks that ran out of memory
-    beside other judges, are run again one per process."""
+    beside other judges, are run again one per process. If the batch is stopped, the tasks the
+    judge had not finished are None."""
     request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks])
     chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
                            task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))
-    done = run_judge(request, chunk_config).get("results") or []
+    try:
+        done = run_judge(request, chunk_config).get("results") or []
+    except Interrupted as stopped:  # what the judge finished before it was stopped counts; nothing else
+        return [stopped.results[i] if i < len(stopped.results) else None for i in range(len(tasks))]
     results = []
     for i, task in enumerate(tasks):
         result = done[i] if i < len(done) else None
-        if result is None or "out of memory" in str(result.get("reason", "")).lower():
+        if result is None or out_of_memory(result):
             result = run_reference_job(task, mode, config, compile_baseline)
         results.append(result)
     return results

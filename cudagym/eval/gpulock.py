@@ -1,8 +1,15 @@
-"""One GPU, many judges: a readers-writer lock across processes (fcntl, writer preference), and a
-shared memory budget so that judges waiting for the GPU cannot starve each other of its memory.
+"""One GPU, many judges: a readers-writer lock across processes (fcntl, writer preference), a
+shared memory budget so that judges waiting for the GPU cannot starve each other of its memory, and
+CPU cores kept for timing.
 
 Correctness checks may share the GPU (`shared`); timing may not (`exclusive`). A turnstile lock
 makes a waiting timer block new readers, so timing is never starved by a stream of checks.
+
+The exclusive lock keeps the GPU quiet, not the host: a network of many small kernels is timed
+mostly on the CPU that launches them, and on the H200 box other judges importing torch and
+compiling moved such timings by up to 2x. So each GPU gets a few cores of its own
+(`timing_cpu_split`): judges work on the rest, and the holder of the exclusive lock moves itself
+and its candidate's process onto its GPU's timing cores while it times (`on_cpus`).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import fcntl
 import json
 import os
 import time
+from typing import Callable
 
 
 @contextlib.contextmanager
@@ -44,20 +52,31 @@ def _open(path: str) -> int:
 
 
 @contextlib.contextmanager
-def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s: float = 0.2):
+def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s: float = 0.2,
+                       free_bytes: Callable[[], int] | None = None, need_free_bytes: int = 0,
+                       settle_s: float = 60.0):
     """Reserve n_bytes of a GPU memory budget shared by concurrent judges (a JSON ledger of
     pid -> bytes under flock), waiting until it fits. A judge alone is always admitted, however
     large: the budget bounds concurrency, it does not refuse work. Entries of dead processes are
-    dropped, so a killed judge frees its share."""
+    dropped, so a killed judge frees its share.
+
+    The ledger frees a share when its judge leaves the reservation, a moment before its process
+    exits and the driver takes its memory back; a judge admitted in that moment ran out of memory.
+    So where `free_bytes` (the device's free memory now) is given, admission also waits until
+    need_free_bytes are free, for at most settle_s (memory held outside cudagym must not block it)."""
     if not path:
         yield
         return
     ledger = path + ".memory"
     pid = os.getpid()
+    started = time.monotonic()
     while True:
         with _locked_ledger(ledger) as entries:
             used = sum(entries.values())
-            if not entries or used + n_bytes <= budget_bytes:
+            fits = not entries or used + n_bytes <= budget_bytes
+            settled = (free_bytes is None or time.monotonic() - started > settle_s
+                       or free_bytes() >= need_free_bytes)
+            if fits and settled:
                 entries[str(pid)] = n_bytes
                 break
         time.sleep(poll_s)
@@ -94,3 +113,50 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+TIMING_CPUS_PER_GPU = 2  # the judge and the candidate's process
+
+
+def timing_cpu_split(gpu_index: int, n_gpus: int, cpus: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(this GPU's timing cores, the cores every judge works on): TIMING_CPUS_PER_GPU cores per GPU
+    from the top of `cpus`, the rest for work; ((), ()) (no pinning) where too few cores remain."""
+    cpus = sorted(cpus)
+    reserved = TIMING_CPUS_PER_GPU * n_gpus
+    if not 0 <= gpu_index < n_gpus or len(cpus) < reserved + 2:
+        return (), ()
+    top = len(cpus) - TIMING_CPUS_PER_GPU * gpu_index
+    return tuple(cpus[top - TIMING_CPUS_PER_GPU:top]), tuple(cpus[:len(cpus) - reserved])
+
+
+def set_cpus(pid: int, cpus) -> None:
+    """Pin every thread of process pid (CUDA launches may come from any of them) to cpus."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that just ended
+            pass
+
+
+@contextlib.contextmanager
+def on_cpus(pids: list[int], cpus):
+    """Run processes pids on cpus for the block, then give back the cores each had."""
+    if not cpus:
+        yield
+        return
+    saved = {}
+    for pid in pids:
+        try:
+            saved[pid] = os.sched_getaffinity(pid)
+            set_cpus(pid, cpus)
+        except OSError:  # gone, or not ours to move: it times where it is
+            pass
+    try:
+        yield
+    finally:
+        for pid, old in saved.items():
+            try:
+                set_cpus(pid, old)
+            except OSError:
+                pass
+

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from cudagym.eval import checks
-from cudagym.eval.gpulock import gpu_lock, memory_reservation
+from cudagym.eval.gpulock import gpu_lock, memory_reservation, on_cpus
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.timing import Timer, adaptive_reps, profiler_kernel_ms, summarize
@@ -86,6 +86,8 @@ class Request:
     max_timing_s: float = 10.0
     seed: int | None = None  # tests only; normally a fresh secret per run
     ref_codes: list | None = None  # reference modes only: several tasks in one process (imports paid once)
+    timing_cpus: tuple = ()  # cores this GPU's exclusive-lock holder times on (gpulock.timing_cpu_split)
+    work_cpus: tuple = ()  # cores for everything else
 
 
 # -- reference side ---------------------------------------------------------------------------------
@@ -292,8 +294,11 @@ class Evaluation:
         budget = memory_budget_bytes(self.req.device)
         # A rerun after an OOM takes the whole budget: it waits until no other judge holds GPU memory
         # (judges waiting for the exclusive lock keep theirs, so the lock alone would not free any).
-        need = budget if self.req.exclusive else footprint_bytes(self.ref, self.init_args)
-        return memory_reservation(self.req.lock_path, need, budget)
+        footprint = footprint_bytes(self.ref, self.init_args)
+        device = self.req.device
+        return memory_reservation(self.req.lock_path, budget if self.req.exclusive else footprint, budget,
+                                  free_bytes=lambda: torch.cuda.mem_get_info(device)[0],
+                                  need_free_bytes=min(footprint, budget))
 
     def build_model(self) -> None:
         """Model with weights from the secret seed, on the device (under the GPU lock)."""
@@ -403,9 +408,11 @@ class Evaluation:
         # checked has no unchecked call to cheat in.
         buffers = self.output_buffers(refs[0], runner)
         empty = []
-        for _ in range(5):
+        for i in range(5):
+            slot, content = rep_layout(i, len(sets))
             t0 = time.perf_counter()
-            runner.request(self.req.call_timeout_s, op="empty_rep", buffers=buffers, like=buffers or refs[0])
+            runner.request(self.req.call_timeout_s, op="empty_rep", slot=slot, content=content, buffers=buffers,
+                           like=buffers or refs[0])
             if not runner.cuda:
                 runner.receive_outputs(self.req.call_timeout_s)
             empty.append((time.perf_counter() - t0) * 1e3)
@@ -512,6 +519,13 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
     return out
 
 
+@contextlib.contextmanager
+def timing_turn(req: Request, *pids: int):
+    """The GPU alone (the exclusive lock) and its timing cores, for this process and pids."""
+    with gpu_lock(req.lock_path, exclusive=True), on_cpus([os.getpid(), *pids], req.timing_cpus):
+        yield
+
+
 def environment(device: str) -> dict:
     env = {"torch": torch.__version__.split("+")[0], "device": device}
     if device.startswith("cuda"):
@@ -541,7 +555,7 @@ def evaluate(req: Request) -> dict:
                 ev.build_model()
                 sets, _ = ev.timing_sets()
                 compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device) if req.compile_baseline else (None, None)
-            with gpu_lock(req.lock_path, exclusive=True):
+            with timing_turn(req):
                 result.update(time_reference(ev.model, compiled, sets, req.device, req.timing_mode, req))
         return result
     if req.mode == "audit":
@@ -580,7 +594,7 @@ def evaluate(req: Request) -> dict:
                 compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device)
         if req.time_candidate:
             t0 = time.perf_counter()
-            with gpu_lock(req.lock_path, exclusive=True):
+            with timing_turn(req, runner.proc.pid):
                 result.update(ev.time_candidate(runner, sets, refs))
                 ev.add_flags(runner.request(req.call_timeout_s, op="integrity").get("flags"))
                 if compiled is not None:
@@ -678,7 +692,7 @@ def _measure_task(ev: Evaluation, out: dict) -> None:
             return
         del ref_a, ref_b
     out["stage"] = "timing"
-    with gpu_lock(req.lock_path, exclusive=True):
+    with timing_turn(req):
         t0 = time.perf_counter()
         times = time_reference(ev.model, compiled, [a, b], req.device, req.timing_mode, req)
         out["timing_s"] = time.perf_counter() - t0  # time holding the GPU alone
@@ -692,6 +706,8 @@ def main(argv: list[str]) -> int:
     with open(request_path) as f:
         req = Request(**json.load(f))
     result_path = os.path.join(req.workdir, "result.json")
+    if req.work_cpus:  # inherited by the candidate's process and compile workers
+        os.sched_setaffinity(0, req.work_cpus)
     sandbox = isolate(req.workdir, list(req.writable)) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
     if req.device == "cpu":
         share_inductor_headers()

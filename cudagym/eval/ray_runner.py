@@ -28,9 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.batch import Job, Worker, _batch_config, machine_env, progress_bar
+from cudagym.eval.batch import DRAIN_S, Job, Worker, _batch_config, machine_env, progress_bar
 from cudagym.eval.evaluate import EvalConfig, stop_live_judges
-from cudagym.eval.gpulock import alive
+from cudagym.eval.gpulock import alive, timing_cpu_split
 from cudagym.tasks.sandbox import kill_tree
 
 ATTEMPTS = 3  # runs of one job, over all workers, before it is given up
@@ -74,6 +74,9 @@ class GpuWorker:
         slots = _slots_on_node(self.node_id, "GPU" if self.gpu is not None else "CPU")
         threads = config.compile_threads or max(1, (os.cpu_count() or 1) // (slots * parallel))
         config = replace(config, device=device, lock_path=lock_path, compile_threads=threads)
+        if device != "cpu" and config.timing_cpus is None:  # this GPU's timing cores among the node's
+            timing, work = timing_cpu_split(int(self.gpu) % slots, slots, sorted(os.sched_getaffinity(0)))
+            config = replace(config, timing_cpus=timing, work_cpus=work)
         self.worker = Worker(_batch_config(config, parallel), machine_env(device))
 
     def info(self) -> dict:
@@ -153,6 +156,7 @@ class RayPool:
             self.close()
             raise
         self._ready = set(self.workers)
+        self.n_workers = len(self.workers)
         self.envs = list({tuple(sorted(w["env"].items())): w["env"] for w in self.workers.values()}.values())
 
     def _start(self) -> dict[int, dict]:
@@ -193,51 +197,72 @@ class RayPool:
                 probes[self._actors[i].ping.remote()] = i
 
         with progress_bar(description, total if total is not None else n_jobs) as advance:
-            while queue or running:
-                while queue and (idle := [i for i in self._ready if busy[i] < self.parallel]):
-                    i = min(idle, key=busy.__getitem__)
-                    key, job, attempt = queue.popleft()
-                    running[self._actors[i].run.remote(job)] = (key, job, attempt, i)
-                    busy[i] += 1
-                if not running and not probes:
-                    raise RunnerError(f"every Ray worker is gone with {len(queue)} jobs left; what finished is"
-                                      " stored, re-run to resume")
-                done, _ = ray.wait(list(running) + list(probes), num_returns=1, timeout=30)
-                if not done:
-                    down_since = down_since or time.monotonic()
-                    if not running and time.monotonic() - down_since > REVIVE_TIMEOUT_S:
-                        raise RunnerError(f"no Ray worker came back in {REVIVE_TIMEOUT_S:.0f} s with {len(queue)} jobs"
-                                          " left; what finished is stored, re-run to resume")
-                    continue
-                down_since = None
-                for ref in done:
-                    if ref in probes:
-                        i = probes.pop(ref)
+            try:
+                while queue or running:
+                    while queue and (idle := [i for i in self._ready if busy[i] < self.parallel]):
+                        i = min(idle, key=busy.__getitem__)
+                        key, job, attempt = queue.popleft()
+                        running[self._actors[i].run.remote(job)] = (key, job, attempt, i)
+                        busy[i] += 1
+                    if not running and not probes:
+                        raise RunnerError(f"every Ray worker is gone with {len(queue)} jobs left; what finished is"
+                                          " stored, re-run to resume")
+                    done, _ = ray.wait(list(running) + list(probes), num_returns=1, timeout=30)
+                    if not done:
+                        down_since = down_since or time.monotonic()
+                        if not running and time.monotonic() - down_since > REVIVE_TIMEOUT_S:
+                            raise RunnerError(f"no Ray worker came back in {REVIVE_TIMEOUT_S:.0f} s with {len(queue)} jobs"
+                                              " left; what finished is stored, re-run to resume")
+                        continue
+                    down_since = None
+                    for ref in done:
+                        if ref in probes:
+                            i = probes.pop(ref)
+                            try:
+                                ray.get(ref)
+                                self._ready.add(i)
+                            except ActorUnavailableError:  # still restarting: ask again
+                                time.sleep(1)
+                                probes[self._actors[i].ping.remote()] = i
+                            except RayActorError:  # dead for good
+                                logging.getLogger(__name__).warning("Ray worker %d is gone", i)
+                            continue
+                        key, job, attempt, i = running.pop(ref)
+                        busy[i] -= 1
                         try:
-                            ray.get(ref)
-                            self._ready.add(i)
-                        except ActorUnavailableError:  # still restarting: ask again
-                            time.sleep(1)
-                            probes[self._actors[i].ping.remote()] = i
-                        except RayActorError:  # dead for good
-                            logging.getLogger(__name__).warning("Ray worker %d is gone", i)
-                        continue
-                    key, job, attempt, i = running.pop(ref)
-                    busy[i] -= 1
-                    try:
-                        result = ray.get(ref)
-                    except lost_errors as e:  # the worker died under the job: another one runs it
-                        suspect(i)
-                        if attempt < self.attempts:
-                            queue.appendleft((key, job, attempt + 1))
-                        else:
-                            given_up.append((key, e))
-                        continue
-                    on_result(key, result)
-                    advance()
+                            result = ray.get(ref)
+                        except lost_errors as e:  # the worker died under the job: another one runs it
+                            suspect(i)
+                            if attempt < self.attempts:
+                                queue.appendleft((key, job, attempt + 1))
+                            else:
+                                given_up.append((key, e))
+                            continue
+                        on_result(key, result)
+                        advance()
+            except KeyboardInterrupt:  # stopped: keep what the stopped judges had finished
+                self._drain(running, on_result)
+                raise
+
         if given_up:
             raise RunnerError(f"{len(given_up)} of {n_jobs} jobs lost their worker {self.attempts} times (last:"
                               f" {_first_line(given_up[-1][1])}); the others are stored, re-run to retry these")
+
+    def _drain(self, running: dict, on_result: Callable[[object, object], None]) -> None:
+        """Stop every judge, then record the results its job returns with (a multi-task judge's
+        finished tasks), waiting at most DRAIN_S; jobs of killed candidates return nothing."""
+        ray = self._ray
+        try:
+            ray.get([actor.stop.remote() for actor in self._actors], timeout=30)
+            finished, _ = ray.wait(list(running), num_returns=len(running), timeout=DRAIN_S)
+        except Exception:  # noqa: BLE001 - the cluster is going; what is stored stays stored
+            return
+        for ref in finished:
+            try:
+                result = ray.get(ref)
+            except Exception:  # noqa: BLE001 - an interrupted judge, or a lost worker
+                continue
+            on_result(running[ref][0], result)
 
     def close(self, stop_judges: bool = False) -> None:
         ray = self._ray

@@ -144,23 +144,31 @@ class Runner:
         check it, and its wall clock covers whatever the call really took."""
         import torch
 
-        inputs = self.timing_slots[slot]
-        for dst, src in zip(inputs, self.timing_sources[content]):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
+        inputs = self.load_slot(slot, content)
         self.timer.flush()
         with torch.no_grad():
             ms, out = self.timer.time_ms(lambda: self.model(*inputs))
         self._send_outputs(out, buffers, {}, ops=[], ms=ms)
 
-    def op_empty_rep(self, buffers: list | None, like: list) -> None:
-        """A rep with no work but the same flush and hand-over of outputs shaped `like` the real
-        ones: the judge's wall-clock yardstick."""
+    def op_empty_rep(self, buffers: list | None, like: list, slot: int = 0, content: int = 0) -> None:
+        """A rep with no call but the same input load, flush and hand-over of outputs shaped `like`
+        the real ones: the judge's wall-clock yardstick. (Loading GBs of inputs can take longer than
+        the call; a yardstick without it made honest calls on big inputs look too fast.)"""
         import torch
 
+        self.load_slot(slot, content)
         self.timer.flush()
         ms, _ = self.timer.time_ms(lambda: None)
         self._send_outputs([torch.zeros_like(t) for t in like], buffers, {}, ops=[], ms=ms)
+
+    def load_slot(self, slot: int, content: int) -> list:
+        import torch
+
+        inputs = self.timing_slots[slot]
+        for dst, src in zip(inputs, self.timing_sources[content]):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        return inputs
 
     def op_paper(self) -> None:
         import torch

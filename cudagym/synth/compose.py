@@ -719,6 +719,9 @@ class _Chain:
     domain: str
 
 
+CPU_PROBE_NUMEL = 1 << 24  # elements (weights and inputs) a CPU shape-inference run may hold above scale 1
+
+
 @register_composer("programmatic")
 class ProgrammaticComposer:
     """Chains seeds whose shapes connect, found by meta-tensor shape inference; no LLM."""
@@ -728,6 +731,9 @@ class ProgrammaticComposer:
     def __init__(self, config: ComposeConfig | None = None):
         self.config = config or ComposeConfig()
         self._probes: dict[tuple, tuple | None] = {}
+        # Seeds without meta kernels are probed on the CPU: fine at scale 1, minutes and gigabytes at
+        # GPU scale, where a chain through such a seed is given up instead.
+        self._cpu_probe_numel = CPU_PROBE_NUMEL if self.config.scale > 1 else None
 
     # -- public ---------------------------------------------------------------------------
     def compose(self, seeds: Sequence[Seed], k: int, rng: random.Random) -> Task | Reject:
@@ -760,7 +766,7 @@ class ProgrammaticComposer:
         if key not in self._probes:
             code = render_steps([replace(step, glue="")], idents.copy())
             try:
-                shape, dtype, _ = infer_output(code, try_meta=step.seed.meta_ok)
+                shape, dtype, _ = infer_output(code, try_meta=step.seed.meta_ok, max_cpu_numel=self._cpu_probe_numel)
                 self._probes[key] = (shape, dtype) if math.prod(shape) <= self.config.max_numel else None
             except (SeedError, Exception):  # noqa: BLE001 - shapes that do not connect
                 self._probes[key] = None
@@ -819,7 +825,8 @@ class ProgrammaticComposer:
         doc = " -> ".join(s.name for s in seeds)
         code = render_steps(steps, idents, doc=doc)
         try:
-            out_shape, _, _ = infer_output(code, try_meta=all(s.meta_ok for s in seeds))
+            out_shape, _, _ = infer_output(code, try_meta=all(s.meta_ok for s in seeds),
+                                           max_cpu_numel=self._cpu_probe_numel)
         except Exception as e:  # noqa: BLE001
             return Reject("verify_failed", f"{name}: {type(e).__name__}: {str(e)[:200]}")
         if tuple(out_shape) != tuple(v for v, _ in shape):

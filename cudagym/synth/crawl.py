@@ -715,8 +715,10 @@ def run_namespace(namespace: dict[str, Any], device: str, seed: int = 0):
     return model, inputs, out
 
 
-def infer_output(code: str, try_meta: bool = True) -> tuple[tuple[int, ...], str, bool]:
-    """(output shape, dtype, whether meta tensors sufficed) of a task: meta first, CPU if meta fails."""
+def infer_output(code: str, try_meta: bool = True, max_cpu_numel: int | None = None) -> tuple[tuple[int, ...], str, bool]:
+    """(output shape, dtype, whether meta tensors sufficed) of a task: meta first, CPU if meta fails.
+    A task whose weights and inputs hold more than max_cpu_numel elements is not run on the CPU (at
+    GPU scale that run would take minutes and gigabytes): ValueError instead."""
     namespace = exec_task(code)
     if try_meta:
         try:
@@ -726,8 +728,21 @@ def infer_output(code: str, try_meta: bool = True) -> tuple[tuple[int, ...], str
             raise
         except Exception:  # noqa: BLE001 - no meta kernel, or a real error the CPU run reports
             pass
+    if max_cpu_numel is not None and task_numel(namespace) > max_cpu_numel:
+        raise ValueError(f"too large for shape inference on the CPU (more than {max_cpu_numel} elements)")
     _, _, out = run_namespace(namespace, "cpu")
     return tuple(out.shape), str(out.dtype).removeprefix("torch."), False
+
+
+def task_numel(namespace: dict[str, Any]) -> int:
+    """Elements in a task's weights and inputs, counted on meta tensors (no memory, no compute)."""
+    import torch
+
+    with torch.device("meta"):
+        model = namespace["Model"](*namespace["get_init_inputs"]())
+        inputs = namespace["get_inputs"]()
+    tensors = list(model.parameters()) + list(model.buffers()) + [x for x in inputs if isinstance(x, torch.Tensor)]
+    return sum(t.numel() for t in tensors)
 
 
 def verify(seed: Seed) -> Seed:

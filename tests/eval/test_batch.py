@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudagym.eval.batch import submission_files
+from cudagym.eval.batch import strided, submission_files
 from cudagym.eval.evaluate import EvalConfig, run_reference_jobs
 from cudagym.tasks import Task, TaskError
 
@@ -50,3 +50,53 @@ def test_several_tasks_in_one_judge_each_get_their_own_result_even_if_one_kills_
     assert "passthrough" in results[0]["accepts"]  # ReLU of torch.rand is the identity there
     assert "accepts" not in results[1] and "SIGSEGV" in results[1]["reason"]
     assert results[2]["accepts"] == []  # tanh of randn: nothing trivial passes
+
+
+def test_timing_shares_hold_every_task_once_and_mix_the_levels():
+    tasks = [Task(id=f"L{1 + i // 10}/{i}", name=f"p{i}", code="", level=1 + i // 10, problem_id=i) for i in range(30)]
+    shares = strided(tasks, 4)
+    assert len(shares) == 4 and sorted(t.problem_id for s in shares for t in s) == list(range(30))
+    assert all({t.level for t in s} == {1, 2, 3} for s in shares)  # no judge gets only the heavy level
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    assert strided(tasks[:2], 4) == [[tasks[0]], [tasks[1]]] and strided([], 4) == []
+
+
+
+HANGING = TASK.format(body="__import__('time').sleep(300) or x", gen="randn")
+
+
+def test_a_stopped_batch_keeps_what_its_judges_had_finished_and_starts_nothing_new(tmp_path, monkeypatch):
+    """Ctrl-C (or a time limit's SIGINT) in the middle of a chunk: the chunk's finished task is
+    recorded, the hanging one and the one after it are not, and no judge outlives the batch."""
+    import os
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    from cudagym.eval import evaluate
+    from cudagym.eval.batch import dispatch_reference
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where judges make their workdirs
+    tasks = [task(1), task(2, code=HANGING), task(3, body="torch.tanh(x)", gen="randn")]
+    recorded: dict[str, dict] = {}
+
+    def stop_after_first_task() -> None:  # the judge writes a line per finished task
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(p.read_text().count("\n") >= 1 for p in tmp_path.glob("cudagym-judge-*/results.jsonl")):
+                os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the waiting main thread
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=stop_after_first_task, daemon=True)
+    watcher.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        dispatch_reference(tasks, "audit", lambda t, env, r: recorded.setdefault(t.id, r),
+                           EvalConfig(device="cpu", n_checks=2, timeout_s=200), chunk=3)
+    assert time.monotonic() - t0 < 150  # did not wait for the hanging task
+    assert list(recorded) == ["t1"] and "passthrough" in recorded["t1"]["accepts"]
+    assert not evaluate._LIVE_JUDGES and not list(tmp_path.glob("cudagym-judge-*"))
+    # The stop ended with its batch: a judge run afterwards in this process runs to its end.
+    assert "passthrough" in run_reference_jobs([task(4)], "audit", EvalConfig(device="cpu", n_checks=2))[0]["accepts"]

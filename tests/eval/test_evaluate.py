@@ -3,13 +3,14 @@ runner processes (CPU, permissive policy, a tiny reference: each run takes sever
 
 from __future__ import annotations
 
+import os
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from cudagym.eval.evaluate import CandidateError, EvalConfig, evaluate_candidate, validate_candidate
+from cudagym.eval.evaluate import CandidateError, EvalConfig, evaluate_candidate, out_of_memory, validate_candidate
 from cudagym.eval.verdict import Status
 
 PROBLEMS = Path(__file__).resolve().parents[1] / "fixtures" / "problems"
@@ -110,6 +111,63 @@ def test_honest_candidate_passes():
     assert verdict.reward in {1, 2, 3}
     assert verdict.timing["reps"] <= 20
     assert verdict.env.get("sandbox") == "full" or verdict.env.get("sandbox", "").startswith("partial")
+
+
+@pytest.mark.parametrize("reason, oom", [  # reasons as judges on the H200 reported them
+    ("OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB.", True),
+    ("AcceleratorError: CUDA error: out of memory Search for `cudaErrorMemoryAllocation'", True),
+    ("evaluation failed: RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR", True),
+    ("evaluation failed: RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED", True),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+    ("check 0: max abs diff 0.5 > atol", False),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", False),
+])
+def test_running_out_of_gpu_memory_is_recognised_in_all_its_wordings(reason, oom):
+    assert out_of_memory({"status": "runtime_error", "reason": reason}) is oom
+
+
+REDUCTION = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.amax(x, dim=1)
+
+    def get_inputs():
+        return [torch.rand(2048, 16384)]  # 128 MiB in, 8 KiB out
+
+    def get_init_inputs():
+        return []
+""")
+
+
+@pytest.mark.slow
+def test_a_cheap_call_on_big_inputs_is_not_timer_tamper():
+    """Loading a rep's inputs (a copy of 128 MiB) takes longer than the call itself reads them; the
+    wall-clock yardstick must count that load, or an honest reduction looks too fast to be true."""
+    honest = "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x.amax(1)\n"
+    verdict = evaluate_candidate(REDUCTION, honest, EvalConfig(**CPU))
+    assert verdict.status is Status.PASS, (verdict.reason, verdict.timing)
+    assert "timer_tamper" not in verdict.flags
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_the_candidate_is_checked_on_the_work_cores_and_timed_on_the_timing_cores():
+    """The candidate's process reports, by failing on purpose, the cores it ran on when timed."""
+    work, timing = sorted(os.sched_getaffinity(0))[:1], sorted(os.sched_getaffinity(0))[-1:]
+    probe = candidate(f"""
+        import os
+        cores = sorted(os.sched_getaffinity(0))
+        if cores != {work}:  # the checks come first, then the timed reps
+            raise RuntimeError(f"{{'timed' if getattr(self, 'checked', False) else 'checked'}} on cores {{cores}}")
+        self.checked = True
+        return torch.add(x * 2.0, y)
+    """)
+    config = EvalConfig(**CPU, static_checks=False, timing_cpus=tuple(timing), work_cpus=tuple(work))
+    verdict = evaluate_candidate(REF, probe, config)
+    assert verdict.status is Status.RUNTIME_ERROR and f"timed on cores {timing}" in verdict.reason, verdict.reason
 
 
 # Failure cases run side by side (they do no timing, so contention cannot change their verdicts).

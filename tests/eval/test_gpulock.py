@@ -148,3 +148,57 @@ def test_a_reservation_that_fits_is_admitted_at_once_and_a_dead_holder_frees_its
     subprocess.run([sys.executable, "-c", MEMORY_HOLDER, lock, "60", "0", str(tmp_path / "c")], timeout=30, check=True)
     assert float((tmp_path / "c").read_text()) - t0 < 5
     assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
+
+
+def test_admission_waits_for_memory_a_finished_judge_has_not_given_back_yet(tmp_path):
+    """The ledger is empty, but the device's memory is still held (a judge that left its reservation
+    and has not exited yet): admission waits until enough is free, and no longer than settle_s."""
+    from cudagym.eval.gpulock import memory_reservation
+
+    lock = str(tmp_path / "gpu.lock")
+    released_at = time.monotonic() + 0.6
+
+    def free_bytes() -> int:
+        return 100 if time.monotonic() >= released_at else 10
+
+    with memory_reservation(lock, 60, 100, poll_s=0.05, free_bytes=free_bytes, need_free_bytes=60):
+        admitted = time.monotonic()
+    assert admitted >= released_at
+    t0 = time.monotonic()
+    with memory_reservation(lock, 60, 100, poll_s=0.05, free_bytes=lambda: 0, need_free_bytes=60, settle_s=0.3):
+        held_elsewhere = time.monotonic() - t0  # memory held outside cudagym: admitted after settle_s
+    assert 0.3 <= held_elsewhere < 5
+    assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
+
+
+def test_each_gpu_gets_its_own_timing_cores_and_judges_work_on_the_rest():
+    from cudagym.eval.gpulock import timing_cpu_split
+
+    cpus = list(range(32))
+    assert timing_cpu_split(0, 2, cpus) == ((30, 31), tuple(range(28)))
+    assert timing_cpu_split(1, 2, cpus) == ((28, 29), tuple(range(28)))
+    assert timing_cpu_split(0, 1, [5, 1, 3, 7, 2]) == ((5, 7), (1, 2, 3))  # the cores this process may use
+    assert timing_cpu_split(0, 2, [0, 1, 2, 3, 4]) == ((), ())  # too few left to work on: no pinning
+    assert timing_cpu_split(2, 2, cpus) == ((), ())
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move a process between")
+def test_a_process_times_on_the_given_cores_and_gets_its_own_back():
+    from cudagym.eval.gpulock import on_cpus
+
+    mine = sorted(os.sched_getaffinity(0))
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\ntime.sleep(30)"])
+    try:
+        time.sleep(0.5)
+        os.sched_setaffinity(child.pid, mine[:1])
+        threads = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(threads) == 2
+        with on_cpus([child.pid, os.getpid()], mine[-1:]):
+            assert all(os.sched_getaffinity(t) == set(mine[-1:]) for t in threads)  # every thread moved
+            assert os.sched_getaffinity(0) == set(mine[-1:])
+        assert all(os.sched_getaffinity(t) == set(mine[:1]) for t in threads)
+        assert os.sched_getaffinity(0) == set(mine)
+    finally:
+        child.kill()
+        os.sched_setaffinity(0, mine)

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -219,3 +220,45 @@ def test_runner_errors_are_one_line(tmp_path, monkeypatch, capsys):
                  "--db", str(tmp_path / "x.duckdb")]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cudagym[ray]" in err
+
+
+HANGING_CHUNK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return {body}
+
+def get_inputs():
+    return [torch.rand(8, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_stopped_ray_batch_keeps_what_its_judges_had_finished(cluster, tmp_path):
+    """SIGINT while a worker's judge is in the middle of a chunk: its finished task is recorded,
+    the hanging task and the one after it are not."""
+    from cudagym.eval.batch import dispatch_reference
+    from cudagym.tasks import Task
+
+    codes = [HANGING_CHUNK.format(body=b) for b in ("torch.relu(x)", "__import__('time').sleep(300) or x", "x * 2")]
+    tasks = [Task(id=f"t{i}", name=f"{i}_t", code=c, level=1, problem_id=i) for i, c in enumerate(codes, 1)]
+    recorded: dict[str, dict] = {}
+    started = time.time()
+
+    def stop_after_first_task() -> None:  # judges write a line per finished task into their workdir
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for lines in Path(tempfile.gettempdir()).glob("cudagym-judge-*/results.jsonl"):
+                if lines.stat().st_mtime >= started and lines.read_text().count("\n") >= 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+            time.sleep(0.1)
+
+    threading.Thread(target=stop_after_first_task, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        dispatch_reference(tasks, "audit", lambda t, env, r: recorded.setdefault(t.id, r), CPU, chunk=3, runner="ray")
+    assert list(recorded) == ["t1"] and "passthrough" in recorded["t1"]["accepts"]

@@ -140,3 +140,29 @@ def test_verify_rejects_a_stochastic_seed():
     with pytest.raises(crawl.SeedError) as e:
         crawl.verify(seed)
     assert e.value.reason == "stochastic"
+
+
+BIG_WITHOUT_META = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x.sum(1)
+
+def get_inputs():
+    return [torch.rand(SIZE, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_shape_inference_on_the_cpu_refuses_tasks_too_large_to_run_there():
+    small = BIG_WITHOUT_META.replace("SIZE", "4")
+    shape, _, used_meta = crawl.infer_output(small, try_meta=False, max_cpu_numel=1000)
+    assert shape == (4,) and not used_meta  # ran on the CPU (try_meta=False): 256 elements
+    big = BIG_WITHOUT_META.replace("SIZE", "1 << 30")  # 2^36 elements: would need 256 GiB
+    with pytest.raises(ValueError, match="too large for shape inference on the CPU"):
+        crawl.infer_output(big, try_meta=False, max_cpu_numel=1 << 24)
+    assert crawl.task_numel(crawl.exec_task(big)) == 64 << 30
