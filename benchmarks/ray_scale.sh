@@ -10,7 +10,7 @@
 # .kb (the KernelBench file), and, to resume a step cut off by the call's limit, the DuckDB file
 # brought back as .devout/ray.duckdb.
 # From the repo root on the GPU box:
-#   bash benchmarks/ray_scale.sh STEP [SECONDS]
+#   [RUNS="c d"] bash benchmarks/ray_scale.sh STEP [SECONDS]
 # STEP: baselines | eval | report | all (baselines, both evals, report within SECONDS). A step is
 # interrupted cleanly at SECONDS (default 540) and resumes next time. Results under $OUT (7 files; the
 # device returns at most 8): ray.duckdb, summary.txt (step, exit code, wall seconds, GPUs), STEP.txt
@@ -40,12 +40,13 @@ evaluate() {  # RUN: the reference-as-candidate submission, stored as reference-
   run "eval-$1" python3 -m cudagym eval run /tmp/refsub --runner ray --db "$DB" --policy permissive \
     --name "reference-$1" "${SELECT[@]}"
 }
-report() { python3 benchmarks/repeatability.py "$DB" 2>&1 | tee "$OUT/report.txt"; }
+RUNS=(${RUNS:-a b})  # names of the two eval runs (reference-NAME); RUNS="c d" for a fresh pair in a carried store
+report() { python3 benchmarks/repeatability.py "$DB" --a "reference-${RUNS[0]}" --b "reference-${RUNS[1]}" 2>&1 | tee "$OUT/report.txt"; }
 
 case $STEP in
   baselines) baselines ;;
-  eval) evaluate a; evaluate b ;;
+  eval) evaluate "${RUNS[0]}"; evaluate "${RUNS[1]}" ;;
   report) report ;;
-  all) baselines; evaluate a; evaluate b; report ;;
+  all) baselines; evaluate "${RUNS[0]}"; evaluate "${RUNS[1]}"; report ;;
   *) echo "usage: bash benchmarks/ray_scale.sh baselines|eval|report|all [SECONDS]" >&2; exit 1 ;;
 esac
