@@ -192,8 +192,10 @@ def cmd_audit(args) -> int:
     if args.json:
         print(json.dumps(rows))
     else:
-        _print_table([r for r in rows if r["accepts"] or r.get("error")], ["level", "problem_id", "name", "accepts", "error"],
-                     f"problems whose check accepts a degenerate answer ({sum(bool(r['accepts']) for r in rows)} of {len(rows)})")
+        _print_table([r for r in rows if r["accepts"] or r["stochastic"] or r.get("error")],
+                     ["level", "problem_id", "name", "accepts", "stochastic", "error"],
+                     f"problems whose check accepts a degenerate answer ({sum(bool(r['accepts']) for r in rows)} of"
+                     f" {len(rows)}) or whose reference is random ({sum(bool(r['stochastic']) for r in rows)})")
     return 0
 
 

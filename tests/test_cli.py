@@ -157,6 +157,24 @@ def test_audit_names_the_probes_each_problem_accepts(tmp_path):
     assert "passthrough" not in rows[3]["accepts"]
 
 
+def test_audit_names_problems_whose_reference_is_random(tmp_path):
+    """Like KernelBench's L2/66 (Matmul_Dropout_Softmax): dropout in training mode draws new masks
+    at every call, so the reference has no one right answer."""
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    shutil.copy(EXAMPLES / "problems" / "1_1_Small_matmul.py", problems)
+    (problems / "1_5_Linear_Dropout.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.linear = nn.Linear(32, 16)\n        self.dropout = nn.Dropout(0.2)\n\n"
+        "    def forward(self, x):\n        return torch.softmax(self.dropout(self.linear(x)), dim=1)\n\n"
+        "def get_inputs():\n    return [torch.randn(8, 32)]\n\ndef get_init_inputs():\n    return []\n")
+    proc = cudagym("audit", "kernelbench", "--problems", str(problems), "--device", "cpu", "--json", *FAST)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["problem_id"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    assert set(rows[5]["stochastic"]) & {"bernoulli_", "native_dropout", "dropout"}  # CPU: dropout draws with bernoulli_
+    assert rows[1]["stochastic"] == []
+
+
 def test_python_dash_m_and_help_work():
     proc = cudagym("--help")
     assert proc.returncode == 0 and "eval" in proc.stdout

@@ -311,7 +311,8 @@ def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: i
     rows: dict[str, dict] = {}
 
     def record(task: Task, env: dict, found: dict) -> None:
-        row = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "accepts": found.get("accepts", [])}
+        row = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "accepts": found.get("accepts", []),
+               "stochastic": found.get("stochastic_ops", [])}
         if "accepts" not in found:
             row["error"] = found.get("reason", "failed")
         rows[task.id] = row

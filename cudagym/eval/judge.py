@@ -620,19 +620,32 @@ def evaluate(req: Request) -> dict:
 
 
 def audit(ev: Evaluation) -> dict:
-    """Which degenerate probes this problem's check accepts, on every one of n_checks (>= 2) input sets."""
+    """Which degenerate probes this problem's check accepts, on every one of n_checks (>= 2) input
+    sets; and the random ops its reference runs (a stochastic reference has no one right answer)."""
     req = ev.req
     ev.build_model()
-    accepted_all, other_ref = set(checks.PROBES), None
-    for _ in range(max(2, req.n_checks)):
+    accepted_all, other_ref, stochastic = set(checks.PROBES), None, []
+    for i in range(max(2, req.n_checks)):
         inputs = make_inputs(ev.ref, ev.new_seed(), req.device)
-        ref = run_reference(ev.model, inputs)
+        if i == 0:
+            ref, ops = reference_with_ops(ev.model, inputs)
+            stochastic = sorted(set(ops) & STOCHASTIC_OPS)
+        else:
+            ref = run_reference(ev.model, inputs)
         accepted = set(checks.accepted_probes(ref, inputs, other_ref, ev.tol))
         if other_ref is None:  # input_independent needs a second input set to be judged
             accepted.add("input_independent")
         accepted_all &= accepted
         other_ref = ref
-    return {"accepts": sorted(accepted_all)}
+    return {"accepts": sorted(accepted_all), "stochastic_ops": stochastic}
+
+
+def reference_with_ops(model, inputs: list) -> tuple[list[torch.Tensor], list[str]]:
+    """The reference's outputs, and the ATen ops (short names) it ran to get them."""
+    record = OpRecord()
+    with make_guard(record):
+        outs = run_reference(model, inputs)
+    return outs, sorted({short_name(n) for n in record.python_aten | record.cpp_aten})
 
 
 # Ops whose result depends on an RNG: a task using them has no single right answer to check against.
@@ -661,10 +674,7 @@ def _measure_task(ev: Evaluation, out: dict) -> None:
         ev.build_model()
         a = make_inputs(ev.ref, ev.new_seed(), req.device)
         b = make_inputs(ev.ref, ev.new_seed(), req.device)
-        record = OpRecord()
-        with make_guard(record):
-            ref_a = run_reference(ev.model, a)
-        out["aten_ops"] = sorted({short_name(n) for n in record.python_aten | record.cpp_aten})
+        ref_a, out["aten_ops"] = reference_with_ops(ev.model, a)
         stochastic = sorted(set(out["aten_ops"]) & STOCHASTIC_OPS)
         out.update(stage="ops", stochastic_ops=stochastic)
         if stochastic:
