@@ -243,7 +243,6 @@ class RayPool:
             except KeyboardInterrupt:  # stopped: keep what the stopped judges had finished
                 self._drain(running, on_result)
                 raise
-
         if given_up:
             raise RunnerError(f"{len(given_up)} of {n_jobs} jobs lost their worker {self.attempts} times (last:"
                               f" {_first_line(given_up[-1][1])}); the others are stored, re-run to retry these")
