@@ -71,13 +71,16 @@ def submission_files(submission_dir: str | Path) -> dict[tuple[int, int], Path]:
     return files
 
 
-def _batch_config(config: EvalConfig, parallel: int) -> EvalConfig:
-    """Judges side by side: share the GPU through a lock file, and the CPU cores between them."""
+def _batch_config(config: EvalConfig, parallel: int, gpu_slot: tuple[int, int] | None = None) -> EvalConfig:
+    """Judges side by side: share the GPU through a lock file, and the CPU cores between them.
+    gpu_slot: (this GPU's index, GPUs on the host), where the device's own index does not say it
+    (a Ray worker sees its GPU as cuda:0)."""
     if config.device.startswith("cuda") and config.timing_cpus is None:  # this GPU's timing cores (gpulock)
-        import torch
+        if gpu_slot is None:
+            import torch
 
-        timing, work = timing_cpu_split(int(config.device.split(":")[1]), torch.cuda.device_count(),
-                                        sorted(os.sched_getaffinity(0)))
+            gpu_slot = (int(config.device.split(":")[1]), torch.cuda.device_count())
+        timing, work = timing_cpu_split(*gpu_slot, os.sched_getaffinity(0))
         config = replace(config, timing_cpus=timing, work_cpus=work)
     if parallel > 1 and not config.compile_threads:
         config = replace(config, compile_threads=max(1, len(config.work_cpus or os.sched_getaffinity(0)) // parallel))

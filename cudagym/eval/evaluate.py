@@ -297,7 +297,7 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
     try:
         done = run_judge(request, chunk_config).get("results") or []
     except Interrupted as stopped:  # what the judge finished before it was stopped counts; nothing else
-        return [stopped.results[i] if i < len(stopped.results) else None for i in range(len(tasks))]
+        return (stopped.results + [None] * len(tasks))[:len(tasks)]
     results = []
     for i, task in enumerate(tasks):
         result = done[i] if i < len(done) else None

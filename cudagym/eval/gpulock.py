@@ -19,7 +19,7 @@ import fcntl
 import json
 import os
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 
 @contextlib.contextmanager
@@ -74,9 +74,7 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
         with _locked_ledger(ledger) as entries:
             used = sum(entries.values())
             fits = not entries or used + n_bytes <= budget_bytes
-            settled = (free_bytes is None or time.monotonic() - started > settle_s
-                       or free_bytes() >= need_free_bytes)
-            if fits and settled:
+            if fits and (free_bytes is None or time.monotonic() - started > settle_s or free_bytes() >= need_free_bytes):
                 entries[str(pid)] = n_bytes
                 break
         time.sleep(poll_s)
@@ -118,7 +116,7 @@ def alive(pid: int) -> bool:
 TIMING_CPUS_PER_GPU = 2  # the judge and the candidate's process
 
 
-def timing_cpu_split(gpu_index: int, n_gpus: int, cpus: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def timing_cpu_split(gpu_index: int, n_gpus: int, cpus: Iterable[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(this GPU's timing cores, the cores every judge works on): TIMING_CPUS_PER_GPU cores per GPU
     from the top of `cpus`, the rest for work; ((), ()) (no pinning) where too few cores remain."""
     cpus = sorted(cpus)

@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 from cudagym.eval.batch import DRAIN_S, Job, Worker, _batch_config, machine_env, progress_bar
 from cudagym.eval.evaluate import EvalConfig, stop_live_judges
-from cudagym.eval.gpulock import alive, timing_cpu_split
+from cudagym.eval.gpulock import alive
 from cudagym.tasks.sandbox import kill_tree
 
 ATTEMPTS = 3  # runs of one job, over all workers, before it is given up
@@ -74,10 +74,8 @@ class GpuWorker:
         slots = _slots_on_node(self.node_id, "GPU" if self.gpu is not None else "CPU")
         threads = config.compile_threads or max(1, (os.cpu_count() or 1) // (slots * parallel))
         config = replace(config, device=device, lock_path=lock_path, compile_threads=threads)
-        if device != "cpu" and config.timing_cpus is None:  # this GPU's timing cores among the node's
-            timing, work = timing_cpu_split(int(self.gpu) % slots, slots, sorted(os.sched_getaffinity(0)))
-            config = replace(config, timing_cpus=timing, work_cpus=work)
-        self.worker = Worker(_batch_config(config, parallel), machine_env(device))
+        gpu_slot = (int(self.gpu) % slots, slots) if self.gpu is not None else None  # among the node's GPUs
+        self.worker = Worker(_batch_config(config, parallel, gpu_slot), machine_env(device))
 
     def info(self) -> dict:
         return {"gpu": self.gpu, "node_id": self.node_id, "pid": os.getpid(), "env": self.worker.env,

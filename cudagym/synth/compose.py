@@ -875,20 +875,25 @@ class ComposeStep:
             for _ in range(self.config.k_retries):  # keep K as sampled, so the K mix follows the config
                 self.stats["in"] += 1
                 result = composer.compose(seeds, k, rng)
-                if isinstance(result, Reject):
-                    self.stats[f"dropped_{result.reason}"] += 1
-                    self.rejects.append(result)
-                    continue
-                if result.sha256 in seen:
-                    self.stats["dropped_duplicate"] += 1
-                    continue
-                seen.add(result.sha256)
-                self.stats["kept"] += 1
-                self.stats[f"k{k}"] += 1
-                kept += 1
-                yield result
-                break
+                if self._keep(result, k, seen):
+                    kept += 1
+                    yield result
+                    break
         log.info("compose (%s): %s", self.config.composer, dict(self.stats))
+
+    def _keep(self, result: Task | Reject, k: int, seen: set[str]) -> bool:
+        """Count one composition of K seeds: a reject or a duplicate is dropped, a new task kept."""
+        if isinstance(result, Reject):
+            self.stats[f"dropped_{result.reason}"] += 1
+            self.rejects.append(result)
+            return False
+        if result.sha256 in seen:
+            self.stats["dropped_duplicate"] += 1
+            return False
+        seen.add(result.sha256)
+        self.stats["kept"] += 1
+        self.stats[f"k{k}"] += 1
+        return True
 
     def _run_batched(self, seeds: list[Seed], composer) -> Iterator[Task]:
         """`run` for a composer with `pick(seeds, k, rng)`, `compose_batch([(seeds, k), ...])` and
@@ -910,19 +915,10 @@ class ComposeStep:
                 requests = [(composer.pick(seeds, k, rng), k) for k, _ in slots]
                 for (k, tries), result in zip(slots, composer.compose_batch(requests)):
                     self.stats["in"] += 1
-                    if isinstance(result, Reject):
-                        self.stats[f"dropped_{result.reason}"] += 1
-                        self.rejects.append(result)
-                    elif result.sha256 in seen:
-                        self.stats["dropped_duplicate"] += 1
-                    else:
-                        seen.add(result.sha256)
-                        self.stats["kept"] += 1
-                        self.stats[f"k{k}"] += 1
+                    if self._keep(result, k, seen):
                         kept += 1
                         yield result
-                        continue
-                    if tries + 1 < cfg.k_retries:
+                    elif tries + 1 < cfg.k_retries:
                         again.append((k, tries + 1))
         finally:
             self.composer_stats = Counter(getattr(composer, "stats", {}))
