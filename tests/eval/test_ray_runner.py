@@ -25,6 +25,7 @@ from cudagym.eval.evaluate import EvalConfig
 from cudagym.eval.ray_runner import RayPool, RunnerError
 from cudagym.eval.store import Store
 from cudagym.tasks import load_task_set
+from tests.eval.ray_kill import run_six_jobs_killing
 
 ray = pytest.importorskip("ray")
 
@@ -83,28 +84,11 @@ def test_one_worker_per_gpu_each_with_its_own_gpu_and_lock_and_jobs_spread_over_
 def test_jobs_of_a_killed_worker_finish_on_another_and_each_is_recorded_once(cluster, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
-    calls, finished_by = Counter(), {}
     with Store(tmp_path / "runs.duckdb") as store, RayPool(CPU, parallel=2) as pool:
         victim = pool.workers[0]["pid"]
-
-        def kill_victim_mid_job():
-            deadline = time.time() + 60
-            while time.time() < deadline and not any(p.suffix == f".{victim}" for p in marks.iterdir()):
-                time.sleep(0.05)
-            os.kill(victim, signal.SIGKILL)
-
-        def record(i: int, pid: int) -> None:
-            calls[i] += 1
-            finished_by[i] = pid
-            store.add_verdict("ray", {"level": 1, "problem_id": i, "name": str(i), "status": "pass"})
-
-        killer = threading.Thread(target=kill_victim_mid_job)
-        killer.start()
-        pool.run(((i, partial(marked_job, i, str(marks), 2.0)) for i in range(6)), record, "kill")
-        killer.join()
-        stored = store.sql("SELECT problem_id, count(*) FROM verdicts GROUP BY problem_id ORDER BY problem_id")
+        calls, finished_by, stored, on_victim = run_six_jobs_killing(
+            pool, store, marked_job, marks, str(victim), lambda: os.kill(victim, signal.SIGKILL))
     assert calls == Counter(range(6)) and stored == [(i, 1) for i in range(6)]
-    on_victim = {int(p.name.split(".")[0]) for p in marks.iterdir() if p.suffix == f".{victim}"}
     assert on_victim  # it died with jobs in flight ...
     assert all(finished_by[i] != victim for i in on_victim)  # ... which another worker process finished
     assert all(len([p for p in marks.iterdir() if p.name.startswith(f"{i}.")]) == 2 for i in on_victim)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections import Counter
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from cudagym.eval.evaluate import EvalConfig
 from cudagym.eval.ray_runner import RayPool
 from cudagym.eval.store import Store
+from tests.eval.ray_kill import run_six_jobs_killing
 
 ray = pytest.importorskip("ray")
 
@@ -47,29 +46,12 @@ def test_jobs_of_a_dead_host_finish_on_the_other_and_each_is_recorded_once(two_h
     cluster, other = two_hosts
     marks = tmp_path / "marks"
     marks.mkdir()
-    calls, finished_on = Counter(), {}
     # Joined by address, as `--runner ray --address` does: this cudagym travels to the workers.
     with Store(tmp_path / "runs.duckdb") as store, RayPool(EvalConfig(device="cpu"), parallel=2,
                                                           address=cluster.address) as pool:
         assert {w["node_id"] for w in pool.workers.values()} == {cluster.head_node.node_id, other.node_id}
-
-        def kill_host_mid_job():
-            deadline = time.time() + 60
-            while time.time() < deadline and not any(p.suffix == f".{other.node_id}" for p in marks.iterdir()):
-                time.sleep(0.05)
-            cluster.remove_node(other, allow_graceful=False)
-
-        def record(i: int, node: str) -> None:
-            calls[i] += 1
-            finished_on[i] = node
-            store.add_verdict("ray", {"level": 1, "problem_id": i, "name": str(i), "status": "pass"})
-
-        killer = threading.Thread(target=kill_host_mid_job)
-        killer.start()
-        pool.run(((i, partial(node_job, i, str(marks), 2.0)) for i in range(6)), record, "host dies")
-        killer.join()
-        stored = store.sql("SELECT problem_id, count(*) FROM verdicts GROUP BY problem_id ORDER BY problem_id")
+        calls, finished_on, stored, on_dead_host = run_six_jobs_killing(
+            pool, store, node_job, marks, other.node_id, lambda: cluster.remove_node(other, allow_graceful=False))
     assert calls == Counter(range(6)) and stored == [(i, 1) for i in range(6)]
-    on_dead_host = {int(p.name.split(".")[0]) for p in marks.iterdir() if p.suffix == f".{other.node_id}"}
     assert on_dead_host and all(finished_on[i] == cluster.head_node.node_id for i in on_dead_host)
     assert not ray.is_initialized()  # the pool joined the cluster, so it left it
