@@ -11,6 +11,7 @@
 # brought back as .devout/ray.duckdb.
 # From the repo root on the GPU box:
 #   [RUNS="c d"] bash benchmarks/ray_scale.sh STEP [SECONDS]
+# CUDA_VISIBLE_DEVICES=0 in front runs it on one GPU of the box (Ray sees only that one).
 # STEP: baselines | eval | report | all (baselines, both evals, report within SECONDS). A step is
 # interrupted cleanly at SECONDS (default 540) and resumes next time. Results under $OUT (7 files; the
 # device returns at most 8): ray.duckdb, summary.txt (step, exit code, wall seconds, GPUs), STEP.txt
@@ -23,7 +24,8 @@ STEP=$1; LIMIT=${2:-540}
 END=$(( $(date +%s) + LIMIT ))
 DB=$OUT/ray.duckdb
 [ -f .devout/ray.duckdb ] && [ ! -f "$DB" ] && cp .devout/ray.duckdb "$DB"
-NGPU=$(nvidia-smi -L | wc -l)
+NGPU=$(nvidia-smi -L | wc -l)  # or as many as CUDA_VISIBLE_DEVICES names (one GPU of a box: =0)
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && NGPU=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
 SELECT=(--kb-version v0.1 --levels 1,2,3)
 
 run() {  # NAME CMD...: until END, then SIGINT (what is stored stays stored)
@@ -40,12 +42,12 @@ evaluate() {  # RUN: the reference-as-candidate submission, stored as reference-
   run "eval-$1" python3 -m cudagym eval run /tmp/refsub --runner ray --db "$DB" --policy permissive \
     --name "reference-$1" "${SELECT[@]}"
 }
-RUNS=(${RUNS:-a b})  # names of the two eval runs (reference-NAME); RUNS="c d" for a fresh pair in a carried store
+RUNS=(${RUNS:-a b})  # names of the eval runs (reference-NAME); RUNS="c d" for a fresh pair in a carried store, RUNS=c for one
 report() { python3 benchmarks/repeatability.py "$DB" --a "reference-${RUNS[0]}" --b "reference-${RUNS[1]}" 2>&1 | tee "$OUT/report.txt"; }
 
 case $STEP in
   baselines) baselines ;;
-  eval) evaluate "${RUNS[0]}"; evaluate "${RUNS[1]}" ;;
+  eval) for name in "${RUNS[@]}"; do evaluate "$name"; done ;;
   report) report ;;
   all) baselines; evaluate "${RUNS[0]}"; evaluate "${RUNS[1]}"; report ;;
   *) echo "usage: bash benchmarks/ray_scale.sh baselines|eval|report|all [SECONDS]" >&2; exit 1 ;;

@@ -63,18 +63,21 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
     The ledger frees a share when its judge leaves the reservation, a moment before its process
     exits and the driver takes its memory back; a judge admitted in that moment ran out of memory.
     So where `free_bytes` (the device's free memory now) is given, admission also waits until
-    need_free_bytes are free, for at most settle_s (memory held outside cudagym must not block it)."""
+    need_free_bytes are free, for at most settle_s (memory held outside cudagym must not block it).
+    settle_s counts from when the share first fits the ledger, not from when waiting began: a large
+    judge waits long for the ledger, and then it most needs the device's memory to be given back."""
     if not path:
         yield
         return
     ledger = path + ".memory"
     pid = os.getpid()
-    started = time.monotonic()
+    fits_since = None
     while True:
         with _locked_ledger(ledger) as entries:
             used = sum(entries.values())
             fits = not entries or used + n_bytes <= budget_bytes
-            if fits and (free_bytes is None or time.monotonic() - started > settle_s or free_bytes() >= need_free_bytes):
+            fits_since = (fits_since or time.monotonic()) if fits else None
+            if fits and (free_bytes is None or time.monotonic() - fits_since > settle_s or free_bytes() >= need_free_bytes):
                 entries[str(pid)] = n_bytes
                 break
         time.sleep(poll_s)

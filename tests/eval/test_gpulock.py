@@ -171,6 +171,29 @@ def test_admission_waits_for_memory_a_finished_judge_has_not_given_back_yet(tmp_
     assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
 
 
+def test_a_judge_that_waited_long_for_the_ledger_still_waits_for_the_memory_to_be_given_back(tmp_path):
+    """Session 4 on the H200: L1/52 (a 98 GB share) waited over a minute for the ledger; when the
+    ledger freed, its settle time was already spent, it skipped the free-memory check and ran out of
+    memory beside a finished judge's 85 GB. The settle time starts when the share fits."""
+    from cudagym.eval.gpulock import memory_reservation
+
+    lock = str(tmp_path / "gpu.lock")
+    holder = subprocess.Popen([sys.executable, "-c", MEMORY_HOLDER, lock, "90", "0.8", str(tmp_path / "h")])
+    while not (tmp_path / "h").exists():
+        time.sleep(0.02)
+    ledger_freed = float((tmp_path / "h").read_text()) + 0.8
+    give_back_s = 0.5  # the holder's memory comes back this long after it left the ledger
+
+    def free_bytes() -> int:
+        return 100 if time.time() >= ledger_freed + give_back_s else 10
+
+    with memory_reservation(lock, 60, 100, poll_s=0.05, free_bytes=free_bytes, need_free_bytes=60, settle_s=0.3):
+        admitted = time.time()
+    holder.wait(timeout=30)
+    # waited 0.8 s (> settle_s) for the ledger; then 0.3 s more, not 0, for the device
+    assert admitted >= ledger_freed + 0.25
+
+
 def test_each_gpu_gets_its_own_timing_cores_and_judges_work_on_the_rest():
     from cudagym.eval.gpulock import timing_cpu_split
 
