@@ -1,18 +1,23 @@
 """The filter stage on a GPU: compose programmatic candidates at GPU scale and filter them.
 
-    python benchmarks/gpu_filter.py OUT.json --scales 16,24,32 --n 400 --parallel 16 [--seconds 480] [--runner ray]
+    python benchmarks/gpu_filter.py OUT.json --scales 16,24,32 --n 400 --parallel 16 [--seconds 480] [--runner ray] [--resume PREV.json]
 
 Composes about `--n` candidates per scale (`--compose-procs` processes per scale with different
-seeds, in parallel: composing is single-threaded CPU work), then filters them all with the GPU runtime window (default 1-100 ms)
-and writes the funnel, the throughput (candidates per minute; CPU-side compile seconds against
+seeds, in parallel: composing is single-threaded CPU work), then filters them all with the GPU
+runtime window (default 1-100 ms; in two passes, see `synth.filter.run_filter`: a stop during the
+first reports only the candidates a check dropped) and writes the funnel, the throughput (candidates per minute; CPU-side compile seconds against
 seconds holding the GPU alone) and the eager-runtime distribution per scale to OUT.json. Needs
 torch, libcst and duckdb only (no datasets, prefect or openai), so it runs on the GPU box as is.
-`--seconds` stops the filter cleanly so a bounded device call still returns what was measured.
+`--seconds` stops the filter cleanly so a bounded device call still returns what was measured;
+`--resume PREV.json` (an earlier OUT.json of the same arguments: composing is seeded, so the
+candidates are the same) filters only the candidates PREV.json has no result for, and reports over
+both calls (walls and compile/GPU seconds summed).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -45,6 +50,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compose-procs", type=int, default=4, help="processes composing each scale")
     parser.add_argument("--runner", default="local", choices=["local", "ray"], help="ray: every GPU of the box")
+    parser.add_argument("--resume", help="an earlier OUT.json: keep its results, filter the rest")
     args = parser.parse_args()
 
     from cudagym.synth.filter import FilterConfig, run_filter
@@ -56,38 +62,46 @@ def main() -> None:
             for j in range(args.compose_procs)]
     with ProcessPoolExecutor(len(jobs)) as pool:
         parts = pool.map(compose, *zip(*jobs))
-        rows = list({r["id"]: r for part in parts for r in part}.values())
+        # scales dealt out in turn, so that a run stopped early has measured every scale
+        rows = list({r["id"]: r for group in itertools.zip_longest(*parts) for r in group if r}.values())
     compose_s = time.time() - t0
     tasks = [Task(id=r["id"], name=r["name"], code=r["code"], provenance=r) for r in rows]
     print(f"composed {len(tasks)} candidates in {compose_s:.0f} s", flush=True)
 
-    results: dict[str, dict] = {}
+    prior = {"report": {}, "results": {}}
+    if args.resume and os.path.exists(args.resume):
+        with open(args.resume) as f:
+            prior = json.load(f)
+    results: dict[str, dict] = dict(prior["results"])
+    todo = [t for t in tasks if t.id not in results]
+    print(f"{len(tasks) - len(todo)} already filtered ({args.resume}), {len(todo)} to go", flush=True)
     config = FilterConfig(device=args.device, parallel=args.parallel, chunk=4, task_timeout_s=240, runner=args.runner)
     def stop() -> None:  # an interrupted batch kills its judges and keeps what they had finished
         os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the main thread where it waits
 
     def record(task: Task, result) -> None:  # after a stop too: only finished tasks are reported
         results[task.id] = {**result.to_dict(), "compile_s": result.compile_s, "timing_s": result.timing_s,
-                            "scale": task.provenance["scale"]}
+                            "wait_s": result.wait_s, "scale": task.provenance["scale"]}
 
     timer = threading.Timer(args.seconds, stop)
     timer.start()
     t1 = time.time()
     try:
-        run_filter(tasks, config, record)
+        run_filter(todo, config, record)
     except KeyboardInterrupt:
         pass
     finally:
         timer.cancel()
-    filter_s = time.time() - t1
+    filter_s = time.time() - t1 + prior["report"].get("filter_wall_s", 0)
 
     done = list(results.values())
     report = {
         "candidates": len(tasks), "filtered": len(done), "compose_s": round(compose_s, 1),
-        "filter_wall_s": round(filter_s, 1),
+        "filter_wall_s": round(filter_s, 1), "calls": prior["report"].get("calls", 0) + 1,
         "candidates_per_min": round(len(done) / filter_s * 60, 1) if filter_s else None,
         "sum_compile_s": round(sum(r["compile_s"] or 0 for r in done), 1),
         "sum_gpu_exclusive_s": round(sum(r["timing_s"] or 0 for r in done), 1),
+        "sum_wait_s": round(sum(r.get("wait_s") or 0 for r in done), 1),  # judges waiting for the GPU
         "funnel": dict(Counter("kept" if r["keep"] else r["reason"] for r in done)),
         "per_scale": {},
         "device": next((r["device"] for r in done if r["device"]), ""),

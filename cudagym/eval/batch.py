@@ -5,7 +5,7 @@ cores, while the GPU readers-writer lock keeps timing exclusive. The calling thr
 DuckDB writer; every result is stored the moment it arrives, so a killed run resumes where it
 stopped.
 
-Where judges run is the runner's business (`open_pool`, `dispatch`): `local` is threads on this
+Where judges run is the runner's business (`open_pool`): `local` is threads on this
 machine; `ray` is one worker per GPU of a Ray cluster (`cudagym.eval.ray_runner`). A job is a
 picklable callable of the `Worker` it lands on (that worker's config and machine), so the same
 jobs and the same recording serve both.
@@ -182,15 +182,6 @@ def open_pool(config: EvalConfig, parallel: int = 1, runner: str = "local", addr
     return LocalPool(config, parallel)
 
 
-def dispatch(jobs: Iterable[tuple[object, Job]], on_result: Callable[[object, object], None], config: EvalConfig,
-             parallel: int = 1, runner: str = "local", address: str | None = None, description: str = "jobs") -> None:
-    """Run every (key, job) on the runner's workers; on_result(key, result) runs in this thread (the
-    one DuckDB writer) once per job, as results arrive. Batch runs and the dataset filter use this."""
-    jobs = list(jobs)
-    with open_pool(config, parallel, runner, address) as pool:
-        pool.run(jobs, on_result, description, len(jobs))
-
-
 def _eval_job(task: Task, candidate_code: str, t_compile_ms: dict[BaselineKey, float | None],
               worker: Worker) -> tuple[dict, Verdict]:
     """A candidate on a worker, with the torch.compile time cached for that worker's machine if any."""
@@ -221,14 +212,21 @@ def dispatch_reference(tasks: list[Task], mode: str, on_result: Callable[[Task, 
                        description: str = "") -> None:
     """Reference runs of every task in `mode` (audit, filter), `chunk` tasks per judge;
     on_result(task, machine env, result) runs in this thread once per task."""
-    def record(chunk_tasks: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
+    with open_pool(config, parallel, runner, address) as pool:
+        run_references(pool, chunks_of(tasks, chunk), mode, on_result, description or f"{mode}, {chunk} tasks per judge")
+
+
+def run_references(pool, shares: list[list[Task]], mode: str, on_result: Callable[[Task, dict, dict], None],
+                   description: str) -> None:
+    """On an open pool, one judge per share of tasks, each running its tasks in `mode`;
+    on_result(task, machine env, result) runs in this thread once per finished task."""
+    def record(share: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
         env, by_id = result
-        for task in chunk_tasks:
+        for task in share:
             if task.id in by_id:  # a stopped judge reports only what it finished
                 on_result(task, env, by_id[task.id])
 
-    dispatch(((c, partial(reference_job, c, mode, frozenset())) for c in chunks_of(tasks, chunk)), record, config,
-             parallel, runner, address, description or f"{mode}, {chunk} tasks per judge")
+    pool.run(((s, partial(reference_job, s, mode, frozenset())) for s in shares), record, description, len(shares))
 
 
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,

@@ -62,6 +62,7 @@ class CandidateFailed(Exception):
 @dataclass
 class Request:
     mode: str  # "eval" | "baseline" | "warm" (compile only) | "audit" | "filter" (a synthesized task's fitness)
+    # | "filter-check" (the filter without its timing: a GPU filter's first pass, see synth.filter.run_filter)
     ref_code: str
     workdir: str
     candidate_code: str | None = None
@@ -562,10 +563,13 @@ def evaluate(req: Request) -> dict:
         ev = Evaluation(req)
         with ev.reservation(), gpu_lock(req.lock_path, exclusive=req.exclusive):
             return {**result, **audit(ev)}
-    if req.mode == "filter":
+    if req.mode in ("filter", "filter-check"):
         ev = Evaluation(req)
+        t0 = time.perf_counter()
         with ev.reservation():
-            return {**result, **measure_task(ev)}
+            waited = time.perf_counter() - t0
+            measured = measure_task(ev, timed=req.mode == "filter")
+        return {**result, **measured, "wait_s": waited + measured.get("wait_s", 0.0)}
     runner = RunnerProcess(req)  # starts importing torch while the reference loads
     ev = Evaluation(req)
     phase_s, t0 = {}, time.perf_counter()
@@ -656,21 +660,24 @@ STOCHASTIC_OPS = {"bernoulli", "bernoulli_", "native_dropout", "dropout", "featu
                   "_standard_gamma", "_sample_dirichlet", "binomial"}
 
 
-def measure_task(ev: Evaluation) -> dict:
+def measure_task(ev: Evaluation, timed: bool = True) -> dict:
     """What the dataset filter needs to know about a task, measured in this sandboxed process; the
     keep/drop decision is the driver's (`cudagym.synth.filter.decide`). Stops at the first failing
-    stage and names it: eager, ops, determinism, outputs, compile, timing."""
-    out: dict = {"stage": "eager"}
+    stage and names it: eager, ops, determinism, outputs, compile, timing. Untimed, a task that
+    passes every check stops at stage "checked". wait_s: seconds spent waiting for the GPU lock."""
+    out: dict = {"stage": "eager", "wait_s": 0.0}
     try:
-        _measure_task(ev, out)
+        _measure_task(ev, out, timed)
     except Exception as exc:  # the task's own failure, at the stage it reached
         out["error"] = f"{type(exc).__name__}: {exc}"[:400]
     return out
 
 
-def _measure_task(ev: Evaluation, out: dict) -> None:
+def _measure_task(ev: Evaluation, out: dict, timed: bool) -> None:
     req = ev.req
+    t0 = time.perf_counter()
     with gpu_lock(req.lock_path, exclusive=req.exclusive):
+        out["wait_s"] += time.perf_counter() - t0
         ev.build_model()
         a = make_inputs(ev.ref, ev.new_seed(), req.device)
         b = make_inputs(ev.ref, ev.new_seed(), req.device)
@@ -701,8 +708,13 @@ def _measure_task(ev: Evaluation, out: dict) -> None:
         if out["compile_mismatch"]:
             return
         del ref_a, ref_b
+    if not timed:
+        out["stage"] = "checked"
+        return
     out["stage"] = "timing"
+    t0 = time.perf_counter()
     with timing_turn(req):
+        out["wait_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         times = time_reference(ev.model, compiled, [a, b], req.device, req.timing_mode, req)
         out["timing_s"] = time.perf_counter() - t0  # time holding the GPU alone

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from cudagym.synth.filter import CPU_WINDOW_MS, GPU_WINDOW_MS, FilterConfig, decide, filter_tasks
+from cudagym.synth.filter import CPU_WINDOW_MS, GPU_WINDOW_MS, FilterConfig, decide, filter_tasks, run_filter
 from cudagym.tasks import Task
 
 DONE = {"stage": "done", "aten_ops": ["addmm", "tanh"], "stochastic_ops": [], "rerun_mismatch": None,
@@ -123,6 +123,24 @@ def test_sandboxed_filter_drops_each_defect_for_its_reason(filtered, reason):
 def test_the_stochastic_op_is_named(filtered):
     _, rejects, _ = filtered
     assert any(op in rejects["dropout"].detail for op in ("dropout", "bernoulli"))  # CPU dropout is bernoulli_
+
+
+@pytest.mark.slow
+def test_two_passes_decide_as_one_and_time_only_what_passed_the_checks(filtered):
+    """The GPU's two passes (check and compile everything, then time the survivors), run on the CPU:
+    the same decisions as one pass; the compile cost is pass 1's; tasks dropped by a check are never
+    timed."""
+    kept_one, rejects_one, _ = filtered
+    config = FilterConfig(device="cpu", parallel=2, chunk=2, task_timeout_s=180.0, seed=1, two_pass=True)
+    results = {}
+    run_filter([t for r, t in TASKS.items() if r != "timeout"], config,
+               lambda task, result: results.__setitem__(task.id, result))
+    assert {i for i, r in results.items() if r.keep} == {t.id for t in kept_one}
+    assert {i: r.reason for i, r in results.items() if not r.keep} == {i: r.reason for i, r in rejects_one.items() if i != "hangs"}
+    good = results["good"]
+    assert good.t_eager_ms > 0 and good.t_compile_ms > 0 and good.timing_s > 0 and good.compile_s > 0
+    assert good.wait_s is not None and good.wait_s >= 0
+    assert all(r.timing_s is None for r in results.values() if not r.keep)
 
 
 @pytest.mark.slow
