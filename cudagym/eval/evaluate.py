@@ -171,7 +171,8 @@ OUT_OF_MEMORY = ("out of memory", "cudaerrormemoryallocation", "alloc_failed", "
 
 
 def out_of_memory(result: dict) -> bool:
-    reason = str(result.get("reason", "")).lower()
+    """A judge's result (its `reason`), or a filter measurement (its `error`), that ran out of GPU memory."""
+    reason = f"{result.get('reason', '')} {result.get('error', '')}".lower()
     return any(sign in reason for sign in OUT_OF_MEMORY)
 
 

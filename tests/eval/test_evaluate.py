@@ -124,6 +124,8 @@ def test_honest_candidate_passes():
 ])
 def test_running_out_of_gpu_memory_is_recognised_in_all_its_wordings(reason, oom):
     assert out_of_memory({"status": "runtime_error", "reason": reason}) is oom
+    # the filter's measurement names its failure `error`: an OOM there is the run's, not the task's
+    assert out_of_memory({"stage": "compile", "error": reason}) is oom
 
 
 REDUCTION = textwrap.dedent("""
