@@ -9,7 +9,8 @@ Prints, per run, how many problems passed and its wall time (first to last store
 for problems that passed in both, the median and max relative difference of speedup_vs_eager and
 speedup_vs_compile. Baseline count and time span too. Then, per run, every problem that did not
 pass (status, flags, reason) and the median seconds a judge spent in each phase (load, waiting for
-memory, checks, timing), and whether the two runs agree on every problem's status.
+memory, checks, timing), the problems whose live eager time strayed more than 25% from the cached
+baseline's, and whether the two runs agree on every problem's status.
 """
 
 import argparse
@@ -17,6 +18,8 @@ import contextlib
 import statistics
 
 from cudagym.eval.store import Store
+
+STRAY = 0.25  # a live eager time this far from the cached one is reported
 
 
 def relative_differences(a: dict, b: dict, field: str) -> list[float]:
@@ -63,6 +66,10 @@ def main() -> None:
                 if v["status"] != "pass":
                     print(f"  {name} L{v['level']}/{v['problem_id']} {v.get('name', '')}: {v['status']}"
                           f" {v.get('flags') or ''} {str(v.get('reason', ''))[:200]}")
+                stray = (v.get("timing") or {}).get("eager_vs_baseline")
+                if stray and abs(stray - 1) > STRAY:
+                    print(f"  {name} L{v['level']}/{v['problem_id']} {v.get('name', '')}: live eager time "
+                          f"{stray:.2f}x the cached baseline's (speedup_vs_compile off by as much)")
         both = set(statuses[args.a]) & set(statuses[args.b])
         differ = sorted(k for k in both if statuses[args.a][k] != statuses[args.b][k])
         print(f"statuses agree on {len(both) - len(differ)} of {len(both)} problems in both runs"

@@ -182,11 +182,18 @@ def open_pool(config: EvalConfig, parallel: int = 1, runner: str = "local", addr
     return LocalPool(config, parallel)
 
 
-def _eval_job(task: Task, candidate_code: str, t_compile_ms: dict[BaselineKey, float | None],
+def _eval_job(task: Task, candidate_code: str, baselines: dict[BaselineKey, dict],
               worker: Worker) -> tuple[dict, Verdict]:
-    """A candidate on a worker, with the torch.compile time cached for that worker's machine if any."""
-    cached = t_compile_ms.get(baseline_key(task, worker.env, worker.config.timing_mode))
-    return worker.env, evaluate_candidate(task.code, candidate_code, worker.config, task=task, t_compile_ms=cached)
+    """A candidate on a worker, with the torch.compile time cached for that worker's machine if any.
+    The verdict's timing records the live eager time against the cached one (`eager_vs_baseline`):
+    the compile time is not re-timed, so when the GPU ran this problem at another speed than when its
+    baseline was cached (H200: 2.5x slower for a whole problem, once per run or so), speedup_vs_compile
+    is off by as much, and this ratio shows it."""
+    cached = baselines.get(baseline_key(task, worker.env, worker.config.timing_mode)) or {}
+    verdict = evaluate_candidate(task.code, candidate_code, worker.config, task=task, t_compile_ms=cached.get("t_compile_ms"))
+    if verdict.t_eager_ms and cached.get("t_eager_ms"):
+        verdict.timing["eager_vs_baseline"] = float(f"{verdict.t_eager_ms / cached['t_eager_ms']:.4g}")
+    return worker.env, verdict
 
 
 def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], worker: Worker) -> tuple[dict, dict[str, dict]]:
@@ -255,7 +262,7 @@ def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, 
 
     def job(task: Task, envs: list[dict]) -> Job:
         keys = [baseline_key(task, env, config.timing_mode) for env in envs]
-        cached = {key: found.get("t_compile_ms") for key in keys if (found := store.get_baseline(key))}
+        cached = {key: found for key in keys if (found := store.get_baseline(key))}
         return partial(_eval_job, task, files[(task.level, task.problem_id)].read_text(), cached)
 
     if todo:  # a finished run starts no workers

@@ -100,3 +100,25 @@ def test_a_stopped_batch_keeps_what_its_judges_had_finished_and_starts_nothing_n
     assert not evaluate._LIVE_JUDGES and not list(tmp_path.glob("cudagym-judge-*"))
     # The stop ended with its batch: a judge run afterwards in this process runs to its end.
     assert "passthrough" in run_reference_jobs([task(4)], "audit", EvalConfig(device="cpu", n_checks=2))[0]["accepts"]
+
+
+def test_a_verdict_shows_how_far_the_live_eager_time_strays_from_the_cached_baseline(tmp_path):
+    """The compile time comes from the cache; the eager time is timed live. Their ratio to the cached
+    eager time tells a user whether speedup_vs_compile was measured with the GPU in the same state."""
+    from cudagym.eval.batch import baseline_key, machine_env, run_submission
+    from cudagym.eval.store import Store
+
+    relu = task(1, body="torch.relu(x)", gen="randn")
+    (tmp_path / "sub" / "level1").mkdir(parents=True)
+    (tmp_path / "sub" / "level1" / "1_t.py").write_text(
+        "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.clamp_min(x, 0.0)\n")
+    config = EvalConfig(device="cpu", policy="permissive", n_checks=2, timeout_s=60, max_timing_s=0.5)
+    with Store(tmp_path / "runs.duckdb") as store:
+        # as if the baseline had been timed with the machine 1000x slower than now
+        store.put_baseline(baseline_key(relu, machine_env("cpu"), "strict"), {"t_eager_ms": 1000.0, "t_compile_ms": 2000.0})
+        [verdict] = run_submission(tmp_path / "sub", [relu], store, "mine", config)
+    assert verdict.status.value == "pass", verdict.reason
+    assert verdict.t_compile_ms == 2000.0  # the cached compile time, not re-timed
+    assert verdict.timing["eager_vs_baseline"] == pytest.approx(verdict.t_eager_ms / 1000.0, rel=1e-3)
+    assert verdict.timing["eager_vs_baseline"] < 0.01
