@@ -152,3 +152,33 @@ def test_inductor_headers_are_built_once_in_the_shared_cache(filtered):
 
     cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     assert glob.glob(os.path.join(cache, "torchinductor_*", "precompiled_headers", "*.gch"))
+
+
+@pytest.mark.slow
+def test_a_two_pass_filter_stopped_in_its_first_pass_reports_only_what_a_check_dropped(tmp_path, monkeypatch):
+    """Stopped (Ctrl-C, a call's time limit) before timing, a task that passed its checks has no
+    decision yet: it is not reported (a re-run measures it), while a task a check dropped is."""
+    import os
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where judges make their workdirs
+    tasks = [TASKS["good"], TASKS["degenerate_zeros"], _task("hangs_too", "pass", "time.sleep(600)\n        return x",
+                                                             imports="import time")]
+    reported = {}
+
+    def stop_after_two_tasks() -> None:  # the judge writes a line per finished task
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            if any(p.read_text().count("\n") >= 2 for p in tmp_path.glob("cudagym-judge-*/results.jsonl")):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=stop_after_two_tasks, daemon=True).start()
+    config = FilterConfig(device="cpu", chunk=3, task_timeout_s=200.0, seed=1, two_pass=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_filter(tasks, config, lambda task, result: reported.__setitem__(task.id, result))
+    assert list(reported) == ["zeros"] and reported["zeros"].reason == "degenerate_zeros"
