@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -156,11 +157,12 @@ def _cache_dirs() -> list[str]:
     return dirs
 
 
-def run_judge(request: dict, config: EvalConfig) -> dict:
-    """Run a judge; if it ran out of GPU memory beside other judges, run it again holding the GPU alone."""
-    result = _run_judge_once(request, config)
+def run_judge(request: dict, config: EvalConfig, stall_s: float | None = None) -> dict:
+    """Run a judge; if it ran out of GPU memory beside other judges, run it again holding the GPU alone.
+    stall_s (a judge of several tasks): kill it as soon as no task has finished for that long."""
+    result = _run_judge_once(request, config, stall_s)
     if config.lock_path and out_of_memory(result):
-        result = _run_judge_once(dict(request, exclusive=True), config)
+        result = _run_judge_once(dict(request, exclusive=True), config, stall_s)
     return result
 
 
@@ -176,7 +178,35 @@ def out_of_memory(result: dict) -> bool:
     return any(sign in reason for sign in OUT_OF_MEMORY)
 
 
-def _run_judge_once(request: dict, config: EvalConfig) -> dict:
+def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str, stall_s: float | None) -> str | None:
+    """Wait for the judge to end; None if it did, else why it was killed: it ran past timeout_s, or
+    (stall_s given) no task of its several finished for stall_s. A judge of n tasks has n task
+    budgets in all, so without the stall check one hung task would hold its judge that long."""
+    deadline = time.monotonic() + timeout_s
+    finished, progress_at = 0, time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(deadline - time.monotonic(), 1.0 if stall_s else timeout_s)))
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if stall_s:
+            lines = Path(lines_path).read_bytes().count(b"\n") if os.path.exists(lines_path) else 0
+            if lines != finished:
+                finished, progress_at = lines, now
+            if now - progress_at > stall_s:
+                reason = f"task {finished + 1} of the judge finished nothing in {stall_s:.0f} s"
+                break
+        if now >= deadline:
+            reason = f"evaluation exceeded {timeout_s:.0f} s"
+            break
+    kill_tree(proc.pid)
+    proc.wait()
+    return reason
+
+
+def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = None) -> dict:
     """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
     if _STOPPING.is_set():  # a job that got a thread as its batch was being stopped
         raise Interrupted()
@@ -189,6 +219,7 @@ def _run_judge_once(request: dict, config: EvalConfig) -> dict:
     with open(request_path, "w") as f:
         json.dump(request, f)
     log_path = os.path.join(workdir, "judge.log")
+    lines_path = os.path.join(workdir, "results.jsonl")  # a judge of several tasks: a line per finished task
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     if config.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # judge and runner alternate on the CPU; spinning thread pools would time each other
@@ -202,17 +233,15 @@ def _run_judge_once(request: dict, config: EvalConfig) -> dict:
             with _LIVE_LOCK:
                 _LIVE_JUDGES.add(proc)
             try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_tree(proc.pid)
-                proc.wait()
-                return {"status": "timeout", "reason": f"evaluation exceeded {timeout_s:.0f} s"}
+                killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s)
             finally:
                 with _LIVE_LOCK:
                     _LIVE_JUDGES.discard(proc)
         result_path = os.path.join(workdir, "result.json")
-        lines_path = os.path.join(workdir, "results.jsonl")
         done = [json.loads(line) for line in Path(lines_path).read_text().splitlines()] if os.path.exists(lines_path) else None
+        if killed:
+            return {"status": "timeout", "reason": killed, "stalled": killed.startswith("task "),
+                    **({"results": done} if done is not None else {})}
         if not os.path.exists(result_path) and _STOPPING.is_set():
             raise Interrupted(done)
         if not os.path.exists(result_path):
@@ -289,19 +318,23 @@ def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baselin
 
 def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile_baseline: bool = True) -> list[dict]:
     """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
-    Tasks the process did not finish (it died or timed out), and tasks that ran out of memory
-    beside other judges, are run again one per process. If the batch is stopped, the tasks the
+    A task that does not finish within one task's budget times out there (its judge is killed then,
+    not after the n budgets of its n tasks). The tasks after it, those of a judge that died, and
+    those that ran out of memory beside other judges are run again one per process. If the batch is stopped, the tasks the
     judge had not finished are None."""
     request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks])
     chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
                            task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))
     try:
-        done = run_judge(request, chunk_config).get("results") or []
+        judged = run_judge(request, chunk_config, stall_s=config.judge_timeout_s)
     except Interrupted as stopped:  # what the judge finished before it was stopped counts; nothing else
         return (stopped.results + [None] * len(tasks))[:len(tasks)]
+    done = judged.get("results") or []
     results = []
     for i, task in enumerate(tasks):
         result = done[i] if i < len(done) else None
+        if i == len(done) and judged.get("stalled"):  # the task it hung on used its whole budget: not run again
+            result = {"status": "timeout", "reason": judged["reason"]}
         if result is None or out_of_memory(result):
             result = run_reference_job(task, mode, config, compile_baseline)
         results.append(result)

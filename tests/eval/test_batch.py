@@ -122,3 +122,20 @@ def test_a_verdict_shows_how_far_the_live_eager_time_strays_from_the_cached_base
     assert verdict.t_compile_ms == 2000.0  # the cached compile time, not re-timed
     assert verdict.timing["eager_vs_baseline"] == pytest.approx(verdict.t_eager_ms / 1000.0, rel=1e-3)
     assert verdict.timing["eager_vs_baseline"] < 0.01
+
+
+def test_a_task_that_hangs_in_a_judge_of_several_times_out_after_its_own_budget_not_theirs():
+    """A judge of n tasks may run n task budgets in all; a task that hangs is killed after one budget
+    without progress, timed out, and not run again, while the finished tasks keep their results and
+    the rest run in judges of their own."""
+    import time
+
+    tasks = [task(1), task(2, code=HANGING), task(3, body="torch.tanh(x)", gen="randn")]
+    config = EvalConfig(device="cpu", n_checks=2, timeout_s=30, task_timeout_s=20)
+    t0 = time.monotonic()
+    results = run_reference_jobs(tasks, "audit", config)
+    assert "passthrough" in results[0]["accepts"]
+    assert results[1]["status"] == "timeout" and "finished nothing in 20 s" in results[1]["reason"]
+    assert results[2]["accepts"] == []
+    # one budget of stall, not the judge's three; the hung task not run again (another 20 s)
+    assert time.monotonic() - t0 < 55
