@@ -5,8 +5,9 @@
 Composes about `--n` candidates per scale (`--compose-procs` processes per scale with different
 seeds, in parallel: composing is single-threaded CPU work), then filters them all with the GPU
 runtime window (default 1-100 ms; in two passes, see `synth.filter.run_filter`: a stop during the
-first reports only the candidates a check dropped) and writes the funnel, the throughput (candidates per minute; CPU-side compile seconds against
-seconds holding the GPU alone) and the eager-runtime distribution per scale to OUT.json. Needs
+first reports only the candidates a check dropped) and writes the funnel, the throughput
+(candidates per minute; CPU-side compile seconds against seconds holding the GPU alone and
+seconds judges waited for it) and the eager-runtime distribution per scale to OUT.json. Needs
 torch, libcst and duckdb only (no datasets, prefect or openai), so it runs on the GPU box as is.
 `--seconds` stops the filter cleanly so a bounded device call still returns what was measured;
 `--resume PREV.json` (an earlier OUT.json of the same arguments: composing is seeded, so the

@@ -42,13 +42,14 @@ evaluate() {  # RUN: the reference-as-candidate submission, stored as reference-
   run "eval-$1" python3 -m cudagym eval run /tmp/refsub --runner ray --db "$DB" --policy permissive \
     --name "reference-$1" "${SELECT[@]}"
 }
+evaluate_all() { for name in "${RUNS[@]}"; do evaluate "$name"; done; }
 RUNS=(${RUNS:-a b})  # names of the eval runs (reference-NAME); RUNS="c d" for a fresh pair in a carried store, RUNS=c for one
 report() { python3 benchmarks/repeatability.py "$DB" --a "reference-${RUNS[0]}" --b "reference-${RUNS[1]}" 2>&1 | tee "$OUT/report.txt"; }
 
 case $STEP in
   baselines) baselines ;;
-  eval) for name in "${RUNS[@]}"; do evaluate "$name"; done ;;
+  eval) evaluate_all ;;
   report) report ;;
-  all) baselines; evaluate "${RUNS[0]}"; evaluate "${RUNS[1]}"; report ;;
+  all) baselines; evaluate_all; report ;;
   *) echo "usage: bash benchmarks/ray_scale.sh baselines|eval|report|all [SECONDS]" >&2; exit 1 ;;
 esac

@@ -32,7 +32,7 @@ from cudagym.tasks import Task, TaskError
 SUBMISSION_FILE = re.compile(r"^(\d+)(?:_.*)?\.py$")
 NO_FILE = "no file for this problem in the submission"
 RUNNERS = ("local", "ray")
-TIMING_JUDGES_PER_GPU = 4  # baseline timing: enough judges to prepare while one holds the GPU
+TIMING_JUDGES_PER_GPU = 4  # timing passes (baselines, GPU filter): enough judges to prepare while one holds the GPU
 DRAIN_S = 30.0  # after a stop, how long to wait for the stopped judges' finished work
 
 
@@ -214,6 +214,13 @@ def strided(tasks: list[Task], n: int) -> list[list[Task]]:
     return [tasks[i::n] for i in range(n)]
 
 
+def timing_shares(tasks: list[Task], pool, parallel: int) -> list[list[Task]]:
+    """The tasks of a timing pass (baselines, the GPU filter), for a few long-lived judges per GPU:
+    timing is serial on a GPU, so more judges only wait, and one judge per task would pay compiler
+    start-up (~10 s, under the shared lock, holding up the judge waiting to time) per task."""
+    return strided(tasks, pool.n_workers * min(parallel, TIMING_JUDGES_PER_GPU))
+
+
 def dispatch_reference(tasks: list[Task], mode: str, on_result: Callable[[Task, dict, dict], None], config: EvalConfig,
                        parallel: int = 1, chunk: int = 4, runner: str = "local", address: str | None = None,
                        description: str = "") -> None:
@@ -293,14 +300,12 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
         skip = partial(_cached_keys, keys=keys, cached=cached)
         # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
         # timed, so they may share the GPU); a few tasks per judge balance the cores. Phase 2 times
-        # with the GPU held exclusively. Its compiles are cache hits, but a judge's first one still
-        # costs ~10 s of compiler start-up under the shared lock, and a judge waiting to time waits
-        # for it. Timing is serial anyway, so phase 2 runs a few long-lived judges per GPU (one times
-        # while the others prepare), each with an even share of the levels (strided, not in order).
+        # with the GPU held exclusively, its compiles now cache hits, on a few long-lived judges per
+        # GPU (`timing_shares`: one times while the others prepare, each with its part of every level).
         warm = chunks_of(todo, chunk)
         pool.run(((c, partial(reference_job, c, "warm", skip(c))) for c in warm), lambda c, r: None,
                  f"compile, {chunk} problems per judge", len(warm))
-        timed = strided(todo, pool.n_workers * min(parallel, TIMING_JUDGES_PER_GPU))
+        timed = timing_shares(todo, pool, parallel)
         pool.run(((c, partial(reference_job, c, "baseline", skip(c))) for c in timed), record_chunk,
                  f"time, {len(timed)} judges", len(timed))
         env = pool.envs[0]

@@ -178,10 +178,11 @@ def out_of_memory(result: dict) -> bool:
     return any(sign in reason for sign in OUT_OF_MEMORY)
 
 
-def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str, stall_s: float | None) -> str | None:
-    """Wait for the judge to end; None if it did, else why it was killed: it ran past timeout_s, or
-    (stall_s given) no task of its several finished for stall_s. A judge of n tasks has n task
-    budgets in all, so without the stall check one hung task would hold its judge that long."""
+def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str,
+                    stall_s: float | None) -> tuple[str, bool] | None:
+    """Wait for the judge to end; None if it did, else (why it was killed, whether it stalled): it
+    ran past timeout_s, or (stall_s given) no task of its several finished for stall_s. A judge of n
+    tasks has n task budgets in all, so without the stall check one hung task would hold it that long."""
     deadline = time.monotonic() + timeout_s
     finished, progress_at = 0, time.monotonic()
     while True:
@@ -196,14 +197,14 @@ def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str, s
             if lines != finished:
                 finished, progress_at = lines, now
             if now - progress_at > stall_s:
-                reason = f"task {finished + 1} of the judge finished nothing in {stall_s:.0f} s"
+                killed = (f"task {finished + 1} of the judge finished nothing in {stall_s:.0f} s", True)
                 break
         if now >= deadline:
-            reason = f"evaluation exceeded {timeout_s:.0f} s"
+            killed = (f"evaluation exceeded {timeout_s:.0f} s", False)
             break
     kill_tree(proc.pid)
     proc.wait()
-    return reason
+    return killed
 
 
 def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = None) -> dict:
@@ -240,7 +241,8 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
         result_path = os.path.join(workdir, "result.json")
         done = [json.loads(line) for line in Path(lines_path).read_text().splitlines()] if os.path.exists(lines_path) else None
         if killed:
-            return {"status": "timeout", "reason": killed, "stalled": killed.startswith("task "),
+            reason, stalled = killed
+            return {"status": "timeout", "reason": reason, "stalled": stalled,
                     **({"results": done} if done is not None else {})}
         if not os.path.exists(result_path) and _STOPPING.is_set():
             raise Interrupted(done)
@@ -320,8 +322,8 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
     """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
     A task that does not finish within one task's budget times out there (its judge is killed then,
     not after the n budgets of its n tasks). The tasks after it, those of a judge that died, and
-    those that ran out of memory beside other judges are run again one per process. If the batch is stopped, the tasks the
-    judge had not finished are None."""
+    those that ran out of memory beside other judges are run again one per process. If the batch
+    is stopped, the tasks the judge had not finished are None."""
     request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks])
     chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
                            task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))

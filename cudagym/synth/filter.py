@@ -140,7 +140,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     ~40 judge-seconds per task against ~3 s of work). Pass 1 checks and compiles every task, nothing
     timed; pass 2 times the tasks that passed, on a few long-lived judges per GPU whose compiles are
     now cache hits. Stopped during pass 1, the tasks waiting for pass 2 are not reported."""
-    from cudagym.eval.batch import TIMING_JUDGES_PER_GPU, chunks_of, open_pool, run_references, strided
+    from cudagym.eval.batch import chunks_of, open_pool, run_references, timing_shares
 
     tasks, eval_config = list(tasks), config.eval_config()
     checked: dict[str, dict] = {}  # pass 1's measurement of the tasks waiting for pass 2
@@ -167,7 +167,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         run_references(pool, chunks_of(tasks, config.chunk), "filter-check", record_checked,
                        f"filter: check and compile, {config.chunk} tasks per judge")
         to_time = [t for t in tasks if t.id in checked]
-        shares = strided(to_time, pool.n_workers * min(config.parallel, TIMING_JUDGES_PER_GPU))
+        shares = timing_shares(to_time, pool, config.parallel)
         run_references(pool, shares, "filter", record, f"filter: time, {len(shares)} judges")
 
 
