@@ -1,6 +1,7 @@
 """The filter stage on a GPU: compose programmatic candidates at GPU scale and filter them.
 
-    python benchmarks/gpu_filter.py OUT.json --scales 16,24,32 --n 400 --parallel 16 [--seconds 480] [--runner ray] [--resume PREV.json]
+    python benchmarks/gpu_filter.py OUT.json --scales 16,24,32 --n 400 --parallel 16 [--chunk 8] [--seconds 480]
+        [--runner ray] [--resume PREV.json]
 
 Composes about `--n` candidates per scale (`--compose-procs` processes per scale with different
 seeds, in parallel: composing is single-threaded CPU work), then filters them all with the GPU
@@ -47,6 +48,7 @@ def main() -> None:
     parser.add_argument("--scales", default="16,24,32")
     parser.add_argument("--n", type=int, default=400, help="candidates per scale")
     parser.add_argument("--parallel", type=int, default=16)
+    parser.add_argument("--chunk", type=int, default=8, help="tasks per judge in the check pass (one start-up each)")
     parser.add_argument("--seconds", type=float, default=480)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compose-procs", type=int, default=4, help="processes composing each scale")
@@ -76,7 +78,8 @@ def main() -> None:
     results: dict[str, dict] = dict(prior["results"])
     todo = [t for t in tasks if t.id not in results]
     print(f"{len(tasks) - len(todo)} already filtered ({args.resume}), {len(todo)} to go", flush=True)
-    config = FilterConfig(device=args.device, parallel=args.parallel, chunk=4, task_timeout_s=240, runner=args.runner)
+    config = FilterConfig(device=args.device, parallel=args.parallel, chunk=args.chunk, task_timeout_s=240,
+                          runner=args.runner)
     def stop() -> None:  # an interrupted batch kills its judges and keeps what they had finished
         os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the main thread where it waits
 

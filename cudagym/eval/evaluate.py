@@ -80,6 +80,7 @@ class EvalConfig:
     task_timeout_s: float | None = None  # bound on one task's whole judge run; None: derived from the above
     timing_cpus: tuple[int, ...] | None = None  # cores the exclusive lock's holder times on (gpulock); None: unset
     work_cpus: tuple[int, ...] | None = None  # cores judges work on otherwise; () for either: no pinning
+    slow_call_s: float | None = None  # the dataset filter: a first eager call slower than this drops the task
 
     def __post_init__(self):
         if self.device == "cuda":  # torch.cuda.set_device needs an index
@@ -309,7 +310,7 @@ def _reference_request(task: Task, mode: str, config: EvalConfig, compile_baseli
             "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
             "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
             "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,
-            "call_timeout_s": config.timeout_s}
+            "call_timeout_s": config.timeout_s, "slow_call_s": config.slow_call_s}
 
 
 def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baseline: bool = True) -> dict:

@@ -63,6 +63,7 @@ class CandidateFailed(Exception):
 class Request:
     mode: str  # "eval" | "baseline" | "warm" (compile only) | "audit" | "filter" (a synthesized task's fitness)
     # | "filter-check" (the filter without its timing: a GPU filter's first pass, see synth.filter.run_filter)
+    # | "filter-time" (its timing without the checks: the second pass, for the tasks the first passed)
     ref_code: str
     workdir: str
     candidate_code: str | None = None
@@ -89,6 +90,7 @@ class Request:
     ref_codes: list | None = None  # reference modes only: several tasks in one process (imports paid once)
     timing_cpus: tuple = ()  # cores this GPU's exclusive-lock holder times on (gpulock.timing_cpu_split)
     work_cpus: tuple = ()  # cores for everything else
+    slow_call_s: float | None = None  # filter modes: a first reference call slower than this ends the measurement
 
 
 # -- reference side ---------------------------------------------------------------------------------
@@ -563,12 +565,12 @@ def evaluate(req: Request) -> dict:
         ev = Evaluation(req)
         with ev.reservation(), gpu_lock(req.lock_path, exclusive=req.exclusive):
             return {**result, **audit(ev)}
-    if req.mode in ("filter", "filter-check"):
+    if req.mode in ("filter", "filter-check", "filter-time"):
         ev = Evaluation(req)
         t0 = time.perf_counter()
         with ev.reservation():
             waited = time.perf_counter() - t0
-            measured = measure_task(ev, timed=req.mode == "filter")
+            measured = measure_task(ev, timed=req.mode != "filter-check", checked=req.mode == "filter-time")
         return {**result, **measured, "wait_s": waited + measured.get("wait_s", 0.0)}
     runner = RunnerProcess(req)  # starts importing torch while the reference loads
     ev = Evaluation(req)
@@ -660,20 +662,63 @@ STOCHASTIC_OPS = {"bernoulli", "bernoulli_", "native_dropout", "dropout", "featu
                   "_standard_gamma", "_sample_dirichlet", "binomial"}
 
 
-def measure_task(ev: Evaluation, timed: bool = True) -> dict:
+def _check_task(ev: Evaluation, out: dict, a: list, b: list):
+    """The filter's checks on two input sets, recorded in `out` stage by stage; the compiled model
+    when all pass, else None (out names the stage that failed)."""
+    req = ev.req
+    t0 = time.perf_counter()
+    ref_a, out["aten_ops"] = reference_with_ops(ev.model, a)
+    if req.device.startswith("cuda"):
+        torch.cuda.synchronize(req.device)
+    first_call_s = time.perf_counter() - t0
+    if req.slow_call_s is not None and first_call_s > req.slow_call_s:
+        # far outside the runtime window: the checks, compile and timing would only use up the
+        # task's timeout (a batched SVD takes seconds a call) and slow every judge beside it
+        out["slow_call_s"] = first_call_s
+        return None
+    stochastic = sorted(set(out["aten_ops"]) & STOCHASTIC_OPS)
+    out.update(stage="ops", stochastic_ops=stochastic)
+    if stochastic:
+        return None
+    out["stage"] = "outputs"
+    out["output_shapes"] = [list(t.shape) for t in ref_a]
+    out["empty"] = [i for i, t in enumerate(ref_a) if t.numel() == 0]
+    out["non_finite"] = checks.non_finite(ref_a)
+    if out["empty"] or out["non_finite"]:
+        return None
+    out["stage"] = "determinism"
+    out["rerun_mismatch"] = checks.compare(run_reference(ev.model, a), ref_a, ev.tol)
+    if out["rerun_mismatch"]:
+        return None
+    out["stage"] = "outputs"
+    ref_b = run_reference(ev.model, b)
+    out["non_finite"] = checks.non_finite(ref_b)
+    out["degenerate"] = [] if out["non_finite"] else checks.accepted_probes(ref_a, a, ref_b, ev.tol)
+    if out["non_finite"] or out["degenerate"]:
+        return None
+    out["stage"] = "compile"
+    compiled, out["compile_s"] = compile_reference(ev.model, [a], req.device)
+    out["compile_mismatch"] = checks.compare(run_reference(compiled, b), ref_b, ev.tol)
+    return None if out["compile_mismatch"] else compiled
+
+
+def measure_task(ev: Evaluation, timed: bool = True, checked: bool = False) -> dict:
     """What the dataset filter needs to know about a task, measured in this sandboxed process; the
     keep/drop decision is the driver's (`cudagym.synth.filter.decide`). Stops at the first failing
     stage and names it: eager, ops, determinism, outputs, compile, timing. Untimed, a task that
-    passes every check stops at stage "checked". wait_s: seconds spent waiting for the GPU lock."""
+    passes every check stops at stage "checked"; `checked` (a GPU filter's second pass, the checks
+    done in its first) skips the checks and only compiles and times. wait_s: seconds spent waiting
+    for the GPU lock; slow_call_s: set when the first eager call took longer than the request's
+    slow_call_s (then nothing else is measured)."""
     out: dict = {"stage": "eager", "wait_s": 0.0}
     try:
-        _measure_task(ev, out, timed)
+        _measure_task(ev, out, timed, checked)
     except Exception as exc:  # the task's own failure, at the stage it reached
         out["error"] = f"{type(exc).__name__}: {exc}"[:400]
     return out
 
 
-def _measure_task(ev: Evaluation, out: dict, timed: bool) -> None:
+def _measure_task(ev: Evaluation, out: dict, timed: bool, checked: bool) -> None:
     req = ev.req
     t0 = time.perf_counter()
     with gpu_lock(req.lock_path, exclusive=req.exclusive):
@@ -681,33 +726,13 @@ def _measure_task(ev: Evaluation, out: dict, timed: bool) -> None:
         ev.build_model()
         a = make_inputs(ev.ref, ev.new_seed(), req.device)
         b = make_inputs(ev.ref, ev.new_seed(), req.device)
-        ref_a, out["aten_ops"] = reference_with_ops(ev.model, a)
-        stochastic = sorted(set(out["aten_ops"]) & STOCHASTIC_OPS)
-        out.update(stage="ops", stochastic_ops=stochastic)
-        if stochastic:
-            return
-        out["stage"] = "outputs"
-        out["output_shapes"] = [list(t.shape) for t in ref_a]
-        out["empty"] = [i for i, t in enumerate(ref_a) if t.numel() == 0]
-        out["non_finite"] = checks.non_finite(ref_a)
-        if out["empty"] or out["non_finite"]:
-            return
-        out["stage"] = "determinism"
-        out["rerun_mismatch"] = checks.compare(run_reference(ev.model, a), ref_a, ev.tol)
-        if out["rerun_mismatch"]:
-            return
-        out["stage"] = "outputs"
-        ref_b = run_reference(ev.model, b)
-        out["non_finite"] = checks.non_finite(ref_b)
-        out["degenerate"] = [] if out["non_finite"] else checks.accepted_probes(ref_a, a, ref_b, ev.tol)
-        if out["non_finite"] or out["degenerate"]:
-            return
-        out["stage"] = "compile"
-        compiled, out["compile_s"] = compile_reference(ev.model, [a], req.device)
-        out["compile_mismatch"] = checks.compare(run_reference(compiled, b), ref_b, ev.tol)
-        if out["compile_mismatch"]:
-            return
-        del ref_a, ref_b
+        if checked:  # the compile is a cache hit by now: pass 1 compiled the same graph
+            out["stage"] = "compile"
+            compiled, out["compile_s"] = compile_reference(ev.model, [a], req.device)
+        else:
+            compiled = _check_task(ev, out, a, b)
+            if compiled is None:
+                return
     if not timed:
         out["stage"] = "checked"
         return

@@ -679,7 +679,9 @@ class ComposeConfig:
     final_dtypes: tuple[str, ...] = ("float32", "int64")  # dtypes a task may return
     max_attempts: int = 40  # chains started per compose() call
     max_candidates: int = 60  # seeds probed per chain position
-    max_numel: int = 1 << 22  # largest intermediate tensor (elements) at the configured scale
+    # largest tensor (elements) at the configured scale: each input, weight and intermediate. `scale`
+    # multiplies every dim, so without it a rank-5 input grows with scale**5 (terabytes at 32).
+    max_numel: int = 1 << 22
     k_retries: int = 5  # compose() calls per sampled K before the step gives up on it
     llm: LLMConfig | None = None  # the llm composer's endpoint and limits (None: LLMConfig() from the env)
 
@@ -766,7 +768,8 @@ class ProgrammaticComposer:
         if key not in self._probes:
             code = render_steps([replace(step, glue="")], idents.copy())
             try:
-                shape, dtype, _ = infer_output(code, try_meta=step.seed.meta_ok, max_cpu_numel=self._cpu_probe_numel)
+                shape, dtype, _ = infer_output(code, try_meta=step.seed.meta_ok, max_cpu_numel=self._cpu_probe_numel,
+                                               max_tensor_numel=self.config.max_numel)
                 self._probes[key] = (shape, dtype) if math.prod(shape) <= self.config.max_numel else None
             except (SeedError, Exception):  # noqa: BLE001 - shapes that do not connect
                 self._probes[key] = None

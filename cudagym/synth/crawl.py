@@ -715,11 +715,15 @@ def run_namespace(namespace: dict[str, Any], device: str, seed: int = 0):
     return model, inputs, out
 
 
-def infer_output(code: str, try_meta: bool = True, max_cpu_numel: int | None = None) -> tuple[tuple[int, ...], str, bool]:
+def infer_output(code: str, try_meta: bool = True, max_cpu_numel: int | None = None,
+                 max_tensor_numel: int | None = None) -> tuple[tuple[int, ...], str, bool]:
     """(output shape, dtype, whether meta tensors sufficed) of a task: meta first, CPU if meta fails.
     A task whose weights and inputs hold more than max_cpu_numel elements is not run on the CPU (at
-    GPU scale that run would take minutes and gigabytes): ValueError instead."""
+    GPU scale that run would take minutes and gigabytes): ValueError instead. So is a task with any
+    one input or weight of more than max_tensor_numel elements, checked on meta tensors first."""
     namespace = exec_task(code)
+    if max_tensor_numel is not None and max(tensor_numels(namespace), default=0) > max_tensor_numel:
+        raise ValueError(f"an input or weight of more than {max_tensor_numel} elements")
     if try_meta:
         try:
             _, _, out = run_namespace(namespace, "meta")
@@ -734,15 +738,21 @@ def infer_output(code: str, try_meta: bool = True, max_cpu_numel: int | None = N
     return tuple(out.shape), str(out.dtype).removeprefix("torch."), False
 
 
-def task_numel(namespace: dict[str, Any]) -> int:
-    """Elements in a task's weights and inputs, counted on meta tensors (no memory, no compute)."""
+def tensor_numels(namespace: dict[str, Any]) -> list[int]:
+    """Elements of each of a task's weights, buffers and inputs, counted on meta tensors (no memory,
+    no compute)."""
     import torch
 
     with torch.device("meta"):
         model = namespace["Model"](*namespace["get_init_inputs"]())
         inputs = namespace["get_inputs"]()
     tensors = list(model.parameters()) + list(model.buffers()) + [x for x in inputs if isinstance(x, torch.Tensor)]
-    return sum(t.numel() for t in tensors)
+    return [t.numel() for t in tensors]
+
+
+def task_numel(namespace: dict[str, Any]) -> int:
+    """Elements in a task's weights and inputs."""
+    return sum(tensor_numels(namespace))
 
 
 def verify(seed: Seed) -> Seed:

@@ -15,7 +15,9 @@ generation as an evaluation), which measures; `decide` here turns the measuremen
   different for different inputs (`degenerate_<probe>`, the probes of `cudagym.eval.checks`; a task
   that accepts one would reward that cheat);
 - its eager runtime (median of the harness's timer) lies in the window: `too_fast`, `too_slow`
-  (default 1-100 ms on a GPU, as in the paper; 0.01-1000 ms on the CPU for local runs);
+  (default 1-100 ms on a GPU, as in the paper; 0.01-1000 ms on the CPU for local runs); a task
+  whose first eager call already takes `slow_factor` (20) times the window's top is too_slow
+  without further checks;
 - the judge neither timed out (`timeout`) nor died (`crash`).
 """
 
@@ -54,13 +56,16 @@ class FilterConfig:
     max_reps: int = 50
     seed: int | None = None  # None: fresh secret input seeds, as in an evaluation
     two_pass: bool | None = None  # check all, then time the survivors (run_filter); None: on a GPU
+    # A first eager call longer than slow_factor x the window's max drops the task as too_slow at once
+    # (no checks, compile or timing). Generous, since up to `parallel` judges share the GPU then.
+    slow_factor: float = 20.0
 
     def __post_init__(self):
         lo, hi = self.window_ms
         if not 0 <= lo < hi:
             raise ValueError(f"runtime window must satisfy 0 <= min < max, got {lo}..{hi} ms")
-        if self.task_timeout_s <= 0 or self.parallel < 1 or self.chunk < 1:
-            raise ValueError("task_timeout_s, parallel and chunk must be positive")
+        if self.task_timeout_s <= 0 or self.parallel < 1 or self.chunk < 1 or self.slow_factor <= 1:
+            raise ValueError("task_timeout_s, parallel and chunk must be positive, slow_factor above 1")
         self.eval_config()  # device and the rest are checked where they are defined
 
     @property
@@ -73,7 +78,8 @@ class FilterConfig:
         return EvalConfig(device=self.device, atol=self.atol, rtol=self.rtol, n_checks=2,
                           timeout_s=self.task_timeout_s, build_timeout_s=self.task_timeout_s,
                           task_timeout_s=self.task_timeout_s, max_timing_s=self.max_timing_s,
-                          min_reps=self.min_reps, max_reps=self.max_reps, seed=self.seed)
+                          min_reps=self.min_reps, max_reps=self.max_reps, seed=self.seed,
+                          slow_call_s=self.slow_factor * self.window_ms[1] / 1000)
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> 
     if "stage" not in measured:  # the judge itself failed: a crash, an OOM, an unloadable task
         return drop("crash", measured.get("reason", "no result"))
     stage = measured["stage"]
+    if measured.get("slow_call_s"):
+        return drop("too_slow", f"first eager call {measured['slow_call_s']:.3g} s, far beyond {window_ms[1]} ms")
     if measured.get("error"):
         return drop(f"{stage}_error" if stage in ("eager", "compile", "timing") else "eager_error", measured["error"])
     if measured.get("stochastic_ops"):
@@ -138,18 +146,19 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     shared lock for seconds, and a judge waiting to time blocks every other judge until all those
     holders are done, so one pass of many judges spends most of its time waiting (H200, 32 judges:
     ~40 judge-seconds per task against ~3 s of work). Pass 1 checks and compiles every task, nothing
-    timed; pass 2 times the tasks that passed, on a few long-lived judges per GPU whose compiles are
-    now cache hits. Stopped during pass 1, the tasks waiting for pass 2 are not reported."""
+    timed; pass 2 only times the tasks that passed (no checks again: on the H200 the checks kept the
+    GPU busy), on a few long-lived judges per GPU whose compiles are now cache hits. Stopped during
+    pass 1, the tasks waiting for pass 2 are not reported."""
     from cudagym.eval.batch import chunks_of, open_pool, run_references, timing_shares
 
     tasks, eval_config = list(tasks), config.eval_config()
     checked: dict[str, dict] = {}  # pass 1's measurement of the tasks waiting for pass 2
 
     def record(task: Task, env: dict, measured: dict) -> None:
-        if task.id in checked:  # pass 1's compile is the real cost (pass 2's is a cache hit); waits add up
-            first = checked[task.id]
-            measured = dict(measured, compile_s=first.get("compile_s") or measured.get("compile_s"),
-                            wait_s=first.get("wait_s", 0.0) + measured.get("wait_s", 0.0))
+        if task.id in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
+            first = checked[task.id]  # its compile is the real cost (pass 2's is a cache hit); waits add up
+            measured = {**first, **measured, "compile_s": first.get("compile_s") or measured.get("compile_s"),
+                        "wait_s": first.get("wait_s", 0.0) + measured.get("wait_s", 0.0)}
         on_result(task, decide(measured, config.window_ms, env.get("gpu", "")))
 
     def record_checked(task: Task, env: dict, measured: dict) -> None:
@@ -168,7 +177,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
                        f"filter: check and compile, {config.chunk} tasks per judge")
         to_time = [t for t in tasks if t.id in checked]
         shares = timing_shares(to_time, pool, config.parallel)
-        run_references(pool, shares, "filter", record, f"filter: time, {len(shares)} judges")
+        run_references(pool, shares, "filter-time", record, f"filter: time, {len(shares)} judges")
 
 
 def with_measurement(task: Task, result: FilterResult) -> Task:

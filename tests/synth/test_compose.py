@@ -20,7 +20,7 @@ from cudagym.synth.compose import (
     ops_from_code,
     sample_k,
 )
-from cudagym.synth.crawl import crawl_torch, crawl_transformers
+from cudagym.synth.crawl import crawl_torch, crawl_transformers, exec_task, tensor_numels
 from cudagym.tasks import Task
 
 
@@ -88,6 +88,17 @@ def test_compose_is_deterministic_by_seed(seeds):
     first = run(3)
     assert len(first) == 12 and first == run(3)
     assert first != run(4)
+
+
+def test_gpu_scale_bounds_every_input_and_weight_not_only_intermediates(seeds):
+    # `scale` multiplies every dim: a rank-5 input at scale 32 would be 32**5 times its CPU size
+    # (terabytes), which the GPU filter can only time out on or run alone on the whole GPU.
+    limit = 1 << 24
+    tasks = list(ComposeStep(ComposeConfig(n_tasks=60, seed=5, scale=32, max_numel=limit)).run(seeds))
+    assert len(tasks) == 60
+    for task in tasks:
+        numels = tensor_numels(exec_task(task.code))
+        assert numels and max(numels) <= limit, (task.name, max(numels))
 
 
 def test_k_distribution_follows_config(seeds):

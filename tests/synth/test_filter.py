@@ -28,6 +28,7 @@ DONE = {"stage": "done", "aten_ops": ["addmm", "tanh"], "stochastic_ops": [], "r
     ({"stage": "timing", "error": "RuntimeError"}, "timing_error"),
     ({"t_eager_ms": 0.5}, "too_fast"),
     ({"t_eager_ms": 150.0}, "too_slow"),
+    ({"stage": "eager", "slow_call_s": 3.2, "t_eager_ms": None}, "too_slow"),  # measured no further
     ({"stage": "compile"}, "crash"),  # stopped without saying why: never kept
 ])
 def test_decide_names_the_first_failing_check(change, reason):
@@ -141,6 +142,35 @@ def test_two_passes_decide_as_one_and_time_only_what_passed_the_checks(filtered)
     assert good.t_eager_ms > 0 and good.t_compile_ms > 0 and good.timing_s > 0 and good.compile_s > 0
     assert good.wait_s is not None and good.wait_s >= 0
     assert all(r.timing_s is None for r in results.values() if not r.keep)
+
+
+@pytest.mark.slow
+def test_a_first_call_far_beyond_the_window_drops_the_task_before_any_check_or_compile():
+    """A task whose first eager call takes slow_factor x the window's top is too_slow at once: on a
+    GPU, a batched SVD of seconds a call would otherwise spend its whole timeout in checks."""
+    sleepy = _task("sleepy", "pass", "time.sleep(0.6)\n        return x * 2", imports="import time")
+    config = FilterConfig(device="cpu", parallel=1, chunk=2, task_timeout_s=180.0, seed=1,
+                          max_eager_ms=100.0, slow_factor=3.0)
+    results = {}
+    run_filter([TASKS["good"], sleepy], config, lambda task, result: results.__setitem__(task.id, result))
+    slow = results["sleepy"]
+    assert (slow.keep, slow.reason) == (False, "too_slow") and "first eager call" in slow.detail
+    assert slow.compile_s is None and slow.timing_s is None and slow.t_eager_ms is None
+    assert results["good"].keep  # its first call is well inside 0.3 s
+
+
+@pytest.mark.slow
+def test_the_timing_pass_times_without_checking_again():
+    """Pass 2's judge mode ("filter-time") only compiles and times: the checks were pass 1's (on the
+    H200 they kept the GPU busy). Here on a task a check drops, to show they do not run."""
+    from cudagym.eval.evaluate import run_reference_jobs
+
+    config = FilterConfig(device="cpu", task_timeout_s=180.0, seed=1).eval_config()
+    task = TASKS["degenerate_zeros"]
+    checked = run_reference_jobs([task], "filter-check", config)[0]
+    timed = run_reference_jobs([task], "filter-time", config)[0]
+    assert checked["degenerate"] and "t_eager_ms" not in checked
+    assert timed["stage"] == "done" and timed["t_eager_ms"] > 0 and "degenerate" not in timed and "aten_ops" not in timed
 
 
 @pytest.mark.slow
