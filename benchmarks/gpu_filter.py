@@ -36,8 +36,7 @@ def compose(scale: int, n: int, seed: int) -> list[dict]:
     from cudagym.synth.crawl import crawl_torch
 
     seeds, _ = crawl_torch()
-    # intermediates may grow with the scale's square (most tasks are rank 2-4), not its full power
-    config = ComposeConfig(n_tasks=n, seed=seed, scale=scale, max_numel=min((1 << 22) * scale * scale, 1 << 28))
+    config = ComposeConfig(n_tasks=n, seed=seed, scale=scale)  # its max_numel bounds each tensor by the scale
     return [{"id": t.id, "name": t.name, "code": t.code, "k": t.provenance["k"], "scale": scale}
             for t in compose_tasks(seeds, config)]
 

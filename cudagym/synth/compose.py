@@ -679,9 +679,11 @@ class ComposeConfig:
     final_dtypes: tuple[str, ...] = ("float32", "int64")  # dtypes a task may return
     max_attempts: int = 40  # chains started per compose() call
     max_candidates: int = 60  # seeds probed per chain position
-    # largest tensor (elements) at the configured scale: each input, weight and intermediate. `scale`
-    # multiplies every dim, so without it a rank-5 input grows with scale**5 (terabytes at 32).
-    max_numel: int = 1 << 22
+    # Largest tensor (elements): each input, weight and intermediate. `scale` multiplies every dim, so
+    # without it a rank-5 input grows with scale**5 (terabytes at 32). None: 2**22 (16 MB of float32)
+    # times scale**2, at most 2**28 (1 GB): GPU-sized tasks reach the 1-100 ms window, yet a few of
+    # them fit on one GPU at once.
+    max_numel: int | None = None
     k_retries: int = 5  # compose() calls per sampled K before the step gives up on it
     llm: LLMConfig | None = None  # the llm composer's endpoint and limits (None: LLMConfig() from the env)
 
@@ -696,6 +698,8 @@ class ComposeConfig:
             raise ValueError(f"k_distribution must weight K in 1..5: {self.k_distribution}")
         if self.scale < 1:
             raise ValueError("scale must be >= 1")
+        if self.max_numel is None:
+            object.__setattr__(self, "max_numel", min((1 << 22) * self.scale ** 2, 1 << 28))
 
 
 def sample_k(distribution: Mapping[int, float], rng: random.Random) -> int:

@@ -99,6 +99,8 @@ def test_gpu_scale_bounds_every_input_and_weight_not_only_intermediates(seeds):
     for task in tasks:
         numels = tensor_numels(exec_task(task.code))
         assert numels and max(numels) <= limit, (task.name, max(numels))
+    # by default the bound grows with the scale (GPU-sized tasks must reach a 1 ms floor), capped at 1 GB
+    assert [ComposeConfig(scale=s).max_numel for s in (1, 4, 32)] == [1 << 22, 1 << 26, 1 << 28]
 
 
 def test_k_distribution_follows_config(seeds):
