@@ -80,7 +80,7 @@ class EvalConfig:
     task_timeout_s: float | None = None  # bound on one task's whole judge run; None: derived from the above
     timing_cpus: tuple[int, ...] | None = None  # cores the exclusive lock's holder times on (gpulock); None: unset
     work_cpus: tuple[int, ...] | None = None  # cores judges work on otherwise; () for either: no pinning
-    slow_call_s: float | None = None  # the dataset filter: a first eager call slower than this drops the task
+    slow_call_s: float | None = None  # the dataset filter: a first and a warm eager call slower than this drop the task
 
     def __post_init__(self):
         if self.device == "cuda":  # torch.cuda.set_device needs an index

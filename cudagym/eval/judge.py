@@ -90,7 +90,7 @@ class Request:
     ref_codes: list | None = None  # reference modes only: several tasks in one process (imports paid once)
     timing_cpus: tuple = ()  # cores this GPU's exclusive-lock holder times on (gpulock.timing_cpu_split)
     work_cpus: tuple = ()  # cores for everything else
-    slow_call_s: float | None = None  # filter modes: a first reference call slower than this ends the measurement
+    slow_call_s: float | None = None  # filter modes: a first and a warm reference call slower than this end the measurement
 
 
 # -- reference side ---------------------------------------------------------------------------------
@@ -662,20 +662,31 @@ STOCHASTIC_OPS = {"bernoulli", "bernoulli_", "native_dropout", "dropout", "featu
                   "_standard_gamma", "_sample_dirichlet", "binomial"}
 
 
+def synced_since(t0: float, device: str) -> float:
+    """Seconds since t0 (time.perf_counter), once the device's queued work is done."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _check_task(ev: Evaluation, out: dict, a: list, b: list):
     """The filter's checks on two input sets, recorded in `out` stage by stage; the compiled model
     when all pass, else None (out names the stage that failed)."""
     req = ev.req
     t0 = time.perf_counter()
     ref_a, out["aten_ops"] = reference_with_ops(ev.model, a)
-    if req.device.startswith("cuda"):
-        torch.cuda.synchronize(req.device)
-    first_call_s = time.perf_counter() - t0
-    if req.slow_call_s is not None and first_call_s > req.slow_call_s:
-        # far outside the runtime window: the checks, compile and timing would only use up the
-        # task's timeout (a batched SVD takes seconds a call) and slow every judge beside it
-        out["slow_call_s"] = first_call_s
-        return None
+    rerun_a = None
+    if req.slow_call_s is not None and synced_since(t0, req.device) > req.slow_call_s:
+        # The first call also pays one-off costs (lazy kernel loading, library handles, the op
+        # recorder) and shares the GPU with other judges: a warm call decides. Far outside the
+        # window, the checks, compile and timing would only use up the task's timeout (a batched
+        # SVD takes seconds a call) and slow every judge beside it.
+        t0 = time.perf_counter()
+        rerun_a = run_reference(ev.model, a)
+        warm_s = synced_since(t0, req.device)
+        if warm_s > req.slow_call_s:
+            out["slow_call_s"] = warm_s
+            return None
     stochastic = sorted(set(out["aten_ops"]) & STOCHASTIC_OPS)
     out.update(stage="ops", stochastic_ops=stochastic)
     if stochastic:
@@ -687,7 +698,7 @@ def _check_task(ev: Evaluation, out: dict, a: list, b: list):
     if out["empty"] or out["non_finite"]:
         return None
     out["stage"] = "determinism"
-    out["rerun_mismatch"] = checks.compare(run_reference(ev.model, a), ref_a, ev.tol)
+    out["rerun_mismatch"] = checks.compare(run_reference(ev.model, a) if rerun_a is None else rerun_a, ref_a, ev.tol)
     if out["rerun_mismatch"]:
         return None
     out["stage"] = "outputs"
@@ -708,8 +719,8 @@ def measure_task(ev: Evaluation, timed: bool = True, checked: bool = False) -> d
     stage and names it: eager, ops, determinism, outputs, compile, timing. Untimed, a task that
     passes every check stops at stage "checked"; `checked` (a GPU filter's second pass, the checks
     done in its first) skips the checks and only compiles and times. wait_s: seconds spent waiting
-    for the GPU lock; slow_call_s: set when the first eager call took longer than the request's
-    slow_call_s (then nothing else is measured)."""
+    for the GPU lock; slow_call_s: set when the first eager call and a warm one after it both took
+    longer than the request's slow_call_s (then nothing else is measured)."""
     out: dict = {"stage": "eager", "wait_s": 0.0}
     try:
         _measure_task(ev, out, timed, checked)

@@ -16,8 +16,8 @@ generation as an evaluation), which measures; `decide` here turns the measuremen
   that accepts one would reward that cheat);
 - its eager runtime (median of the harness's timer) lies in the window: `too_fast`, `too_slow`
   (default 1-100 ms on a GPU, as in the paper; 0.01-1000 ms on the CPU for local runs); a task
-  whose first eager call already takes `slow_factor` (20) times the window's top is too_slow
-  without further checks;
+  whose first eager call, and a warm one after it, already take `slow_factor` (20) times the
+  window's top is too_slow without further checks;
 - the judge neither timed out (`timeout`) nor died (`crash`).
 """
 
@@ -56,8 +56,9 @@ class FilterConfig:
     max_reps: int = 50
     seed: int | None = None  # None: fresh secret input seeds, as in an evaluation
     two_pass: bool | None = None  # check all, then time the survivors (run_filter); None: on a GPU
-    # A first eager call longer than slow_factor x the window's max drops the task as too_slow at once
-    # (no checks, compile or timing). Generous, since up to `parallel` judges share the GPU then.
+    # A first eager call, and a warm one after it, each longer than slow_factor x the window's max drop
+    # the task as too_slow at once (no checks, compile or timing). Generous: up to `parallel` judges
+    # share the GPU then.
     slow_factor: float = 20.0
 
     def __post_init__(self):
@@ -111,7 +112,7 @@ def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> 
         return drop("crash", measured.get("reason", "no result"))
     stage = measured["stage"]
     if measured.get("slow_call_s"):
-        return drop("too_slow", f"first eager call {measured['slow_call_s']:.3g} s, far beyond {window_ms[1]} ms")
+        return drop("too_slow", f"warm eager call {measured['slow_call_s']:.3g} s, far beyond {window_ms[1]} ms")
     if measured.get("error"):
         return drop(f"{stage}_error" if stage in ("eager", "compile", "timing") else "eager_error", measured["error"])
     if measured.get("stochastic_ops"):
