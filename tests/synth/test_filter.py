@@ -150,9 +150,9 @@ def test_a_task_far_beyond_the_window_is_dropped_before_any_check_or_compile():
     too_slow at once: on a GPU, a batched SVD of seconds a call would otherwise spend its whole
     timeout in checks. A slow first call alone (one-off costs, a busy GPU) drops nothing."""
     sleepy = _task("sleepy", "pass", "time.sleep(0.6)\n        return x * 2", imports="import time")
-    slow_start = _task("slow_start", "self.calls = 0",
-                       "if self.calls == 0:\n            time.sleep(0.6)\n        self.calls += 1\n"
-                       "        return torch.tanh(x) * 2", imports="import time")
+    once = ("import time\nSTARTED = []\n\n@torch.compiler.disable\ndef start():  # slow in the first call only\n"
+            "    if not STARTED:\n        time.sleep(0.6)\n        STARTED.append(True)\n")
+    slow_start = _task("slow_start", "pass", "start()\n        return torch.tanh(x) * 2", imports=once)
     config = FilterConfig(device="cpu", parallel=1, chunk=3, task_timeout_s=180.0, seed=1,
                           max_eager_ms=100.0, slow_factor=3.0)
     results = {}
