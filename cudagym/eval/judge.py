@@ -469,6 +469,13 @@ class Evaluation:
                                   {"timed_output_mismatch": [f"rep {i}"]})
 
 
+def synced_since(t0: float, device: str) -> float:
+    """Seconds since t0 (time.perf_counter), once the device's queued work is done."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def compile_reference(model, sets: list[list], device: str) -> tuple[object, float]:
     """torch.compile (inductor, default mode) and its first call: CPU-heavy, so done outside the
     exclusive GPU lock. Returns (compiled model, seconds)."""
@@ -476,8 +483,7 @@ def compile_reference(model, sets: list[list], device: str) -> tuple[object, flo
     compiled = torch.compile(model)
     with torch.no_grad():
         compiled(*sets[0])
-    Timer(device).sync()
-    return compiled, time.perf_counter() - t0
+    return compiled, synced_since(t0, device)
 
 
 def rep_layout(i: int, n_sets: int) -> tuple[int, int]:
@@ -660,13 +666,6 @@ STOCHASTIC_OPS = {"bernoulli", "bernoulli_", "native_dropout", "dropout", "featu
                   "randperm", "normal", "normal_", "uniform_", "exponential_", "geometric_", "cauchy_",
                   "log_normal_", "random_", "multinomial", "poisson", "rrelu_with_noise", "_fused_dropout",
                   "_standard_gamma", "_sample_dirichlet", "binomial"}
-
-
-def synced_since(t0: float, device: str) -> float:
-    """Seconds since t0 (time.perf_counter), once the device's queued work is done."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
 
 
 def _check_task(ev: Evaluation, out: dict, a: list, b: list):
