@@ -8,8 +8,6 @@
 # 15 s), env.txt.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-ray/*.whl || exit 1
-export RAY_USAGE_STATS_ENABLED=0
 PREV_CALL=/tmp/gpu-filter-prev.json
 RESUME=${PREV:-benchmarks/results/gpu-filter-h200-2026-12-01.json}
 [ -f "$PREV_CALL" ] && RESUME=$PREV_CALL

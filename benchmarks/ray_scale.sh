@@ -18,8 +18,6 @@
 # (each command's output: baselines, eval-a, eval-b), report.txt (benchmarks/repeatability.py), env.txt.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-ray/*.whl || exit 1
-export RAY_USAGE_STATS_ENABLED=0
 STEP=$1; LIMIT=${2:-540}
 END=$(( $(date +%s) + LIMIT ))
 DB=$OUT/ray.duckdb

@@ -15,7 +15,7 @@ packaging, aiosignal, frozenlist, attrs, ... as present); --all-deps downloads e
 
 Usage (repo root, where pip can reach PyPI): python benchmarks/slim_ray_wheel.py [--out .whl-ray]
 On the GPU box: python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-ray/*.whl
-(benchmarks/ray_scale.sh does this). Add `/.whl-ray/` to .git/info/exclude and name it in `carry`.
+(benchmarks/gpu_env.sh does this when .whl-ray is there; .gitignore has it). Name it in `carry`.
 """
 
 from __future__ import annotations

@@ -722,7 +722,8 @@ def infer_output(code: str, try_meta: bool = True, max_cpu_numel: int | None = N
     GPU scale that run would take minutes and gigabytes): ValueError instead. So is a task with any
     one input or weight of more than max_tensor_numel elements, checked on meta tensors first."""
     namespace = exec_task(code)
-    if max_tensor_numel is not None and max(tensor_numels(namespace), default=0) > max_tensor_numel:
+    numels = tensor_numels(namespace) if max_tensor_numel is not None else None  # reused by the CPU bound
+    if numels is not None and max(numels, default=0) > max_tensor_numel:
         raise ValueError(f"an input or weight of more than {max_tensor_numel} elements")
     if try_meta:
         try:
@@ -732,7 +733,7 @@ def infer_output(code: str, try_meta: bool = True, max_cpu_numel: int | None = N
             raise
         except Exception:  # noqa: BLE001 - no meta kernel, or a real error the CPU run reports
             pass
-    if max_cpu_numel is not None and task_numel(namespace) > max_cpu_numel:
+    if max_cpu_numel is not None and (sum(numels) if numels is not None else task_numel(namespace)) > max_cpu_numel:
         raise ValueError(f"too large for shape inference on the CPU (more than {max_cpu_numel} elements)")
     _, _, out = run_namespace(namespace, "cpu")
     return tuple(out.shape), str(out.dtype).removeprefix("torch."), False
