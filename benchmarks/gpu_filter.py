@@ -12,8 +12,9 @@ seconds judges waited for it) and the eager-runtime distribution per scale to OU
 torch, libcst and duckdb only (no datasets, prefect or openai), so it runs on the GPU box as is.
 `--seconds` stops the filter cleanly so a bounded device call still returns what was measured;
 `--resume PREV.json` (an earlier OUT.json of the same arguments: composing is seeded, so the
-candidates are the same) filters only the candidates PREV.json has no result for, and reports over
-both calls (walls and compile/GPU seconds summed).
+candidates are the same) filters only the candidates PREV.json has no result for (those its first
+pass passed, kept under "checked", go straight to timing), and reports over both calls (walls and
+compile/GPU seconds summed).
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ def main() -> None:
         with open(args.resume) as f:
             prior = json.load(f)
     results: dict[str, dict] = dict(prior["results"])
+    checked: dict[str, dict] = dict(prior.get("checked", {}))  # passed pass 1, not timed yet: by sha256
     todo = [t for t in tasks if t.id not in results]
-    print(f"{len(tasks) - len(todo)} already filtered ({args.resume}), {len(todo)} to go", flush=True)
+    print(f"{len(tasks) - len(todo)} already filtered ({args.resume}), {len(todo)} to go "
+          f"({sum(t.sha256 in checked for t in todo)} of them checked, waiting to be timed)", flush=True)
     config = FilterConfig(device=args.device, parallel=args.parallel, chunk=args.chunk, task_timeout_s=240,
                           runner=args.runner)
     def stop() -> None:  # an interrupted batch kills its judges and keeps what they had finished
@@ -90,7 +93,7 @@ def main() -> None:
     timer.start()
     t1 = time.time()
     try:
-        run_filter(todo, config, record)
+        run_filter(todo, config, record, checked=checked, on_checked=lambda task, m: checked.__setitem__(task.sha256, m))
     except KeyboardInterrupt:
         pass
     finally:
@@ -98,6 +101,7 @@ def main() -> None:
     filter_s = time.time() - t1 + prior["report"].get("filter_wall_s", 0)
 
     done = list(results.values())
+    timed = {t.sha256 for t in tasks if t.id in results}
     report = {
         "candidates": len(tasks), "filtered": len(done), "compose_s": round(compose_s, 1),
         "filter_wall_s": round(filter_s, 1), "calls": prior["report"].get("calls", 0) + 1,
@@ -120,7 +124,8 @@ def main() -> None:
             "median_compile_s": statistics.median([r["compile_s"] for r in mine if r["compile_s"]] or [0]),
         }
     with open(args.out, "w") as f:
-        json.dump({"report": report, "results": results}, f, indent=1)
+        json.dump({"report": report, "results": results,
+                   "checked": {sha: m for sha, m in checked.items() if sha not in timed}}, f, indent=1)
     print(json.dumps(report, indent=1))
 
 

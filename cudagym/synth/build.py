@@ -113,6 +113,8 @@ _SCHEMA = (
         parity_max DOUBLE, parity_match VARCHAR, strong_max DOUBLE, strong_match VARCHAR)""",
     """CREATE TABLE IF NOT EXISTS filtered (sha256 VARCHAR PRIMARY KEY, keep BOOLEAN, reason VARCHAR,
         detail VARCHAR, t_eager_ms DOUBLE, t_compile_ms DOUBLE, device VARCHAR, created TIMESTAMP)""",
+    # a GPU filter's first pass, for candidates it passed and the second pass has not timed yet
+    "CREATE TABLE IF NOT EXISTS checked (sha256 VARCHAR PRIMARY KEY, measured VARCHAR, created TIMESTAMP)",
 )
 
 
@@ -194,6 +196,13 @@ class BuildStore:
         self.db.execute("INSERT OR REPLACE INTO filtered VALUES (?, ?, ?, ?, ?, ?, ?, now())",
                         [sha, result.keep, result.reason, result.detail, result.t_eager_ms, result.t_compile_ms,
                          result.device])
+        self.db.execute("DELETE FROM checked WHERE sha256 = ?", [sha])
+
+    def checked(self) -> dict[str, dict]:
+        return {sha: json.loads(m) for sha, m in self.db.execute("SELECT sha256, measured FROM checked").fetchall()}
+
+    def add_checked(self, sha: str, measured: dict) -> None:
+        self.db.execute("INSERT OR REPLACE INTO checked VALUES (?, ?, now())", [sha, json.dumps(measured)])
 
 
 # -- stages -----------------------------------------------------------------------------------------
@@ -267,7 +276,8 @@ def filter_stage(store: BuildStore, config: BuildConfig, seqs: set[int], run: in
     todo = [task for _, task in candidates if task.sha256 not in done][:run]
     if todo:
         t0 = time.monotonic()
-        run_filter(todo, config.filter_config(), lambda task, result: store.add_filtered(task.sha256, result))
+        run_filter(todo, config.filter_config(), lambda task, result: store.add_filtered(task.sha256, result),
+                   checked=store.checked(), on_checked=lambda task, measured: store.add_checked(task.sha256, measured))
         log.info("filter: %d candidates in %.0f s", len(todo), time.monotonic() - t0)
         done = store.filtered()
     kept = {seq for seq, task in candidates if task.sha256 in done and done[task.sha256].keep}

@@ -15,7 +15,7 @@ from cudagym.dedup.near import fingerprint
 from cudagym.kernelbench import load_problems
 from cudagym.synth.build import BuildConfig, BuildStore, build_dataset, decontaminate_stage, dedup_stage
 from cudagym.synth.compose import data_source_of, ops_from_code
-from cudagym.synth.filter import FilterConfig, filter_tasks
+from cudagym.synth.filter import FilterConfig, FilterResult, filter_tasks
 from cudagym.synth.publish import read_build_rows
 from cudagym.tasks import Task, TaskError
 
@@ -103,6 +103,20 @@ def test_a_larger_target_only_adds_what_is_missing(built):
     rows = read_build_rows(out / "dataset")
     assert len(rows) == 2 * TARGET
     build_dataset(_config(out))  # back to the original target for the other tests
+
+
+def test_the_store_keeps_a_first_pass_check_until_its_task_is_filtered(tmp_path):
+    """A GPU build stopped between the filter's passes: what pass 1 measured outlives the process
+    (the re-run hands it to run_filter as `checked`), and is dropped once the task has a decision."""
+    measured = {"stage": "checked", "compile_s": 1.25, "aten_ops": ["addmm"], "wait_s": 0.5}
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        store.add_checked("a" * 64, measured)
+        store.add_checked("b" * 64, {**measured, "compile_s": 2.0})
+    with BuildStore(tmp_path / "build.duckdb") as store:  # a new process
+        assert store.checked() == {"a" * 64: measured, "b" * 64: {**measured, "compile_s": 2.0}}
+        store.add_filtered("a" * 64, FilterResult(True, "", "", 5.0, 4.0, "NVIDIA H200", 1.25, 0.1, 0.5))
+        assert list(store.checked()) == ["b" * 64]
+        assert store.filtered()["a" * 64].keep
 
 
 def test_other_settings_refuse_the_same_folder(built):

@@ -190,9 +190,10 @@ def test_inductor_headers_are_built_once_in_the_shared_cache(filtered):
 
 
 @pytest.mark.slow
-def test_a_two_pass_filter_stopped_in_its_first_pass_reports_only_what_a_check_dropped(tmp_path, monkeypatch):
+def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_rerun(tmp_path, monkeypatch):
     """Stopped (Ctrl-C, a call's time limit) before timing, a task that passed its checks has no
-    decision yet: it is not reported (a re-run measures it), while a task a check dropped is."""
+    decision yet: it is not reported, while a task a check dropped is. Its checks are handed to
+    on_checked, and a re-run given them only times it: no check or compile again."""
     import os
     import signal
     import tempfile
@@ -202,7 +203,7 @@ def test_a_two_pass_filter_stopped_in_its_first_pass_reports_only_what_a_check_d
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where judges make their workdirs
     tasks = [TASKS["good"], TASKS["degenerate_zeros"], _task("hangs_too", "pass", "time.sleep(600)\n        return x",
                                                              imports="import time")]
-    reported = {}
+    reported, checked = {}, {}
 
     def stop_after_two_tasks() -> None:  # the judge writes a line per finished task
         deadline = time.monotonic() + 150
@@ -215,5 +216,15 @@ def test_a_two_pass_filter_stopped_in_its_first_pass_reports_only_what_a_check_d
     threading.Thread(target=stop_after_two_tasks, daemon=True).start()
     config = FilterConfig(device="cpu", chunk=3, task_timeout_s=200.0, seed=1, two_pass=True)
     with pytest.raises(KeyboardInterrupt):
-        run_filter(tasks, config, lambda task, result: reported.__setitem__(task.id, result))
+        run_filter(tasks, config, lambda task, result: reported.__setitem__(task.id, result),
+                   on_checked=lambda task, measured: checked.__setitem__(task.sha256, measured))
     assert list(reported) == ["zeros"] and reported["zeros"].reason == "degenerate_zeros"
+    good = TASKS["good"]
+    assert list(checked) == [good.sha256] and checked[good.sha256]["stage"] == "checked"
+
+    rechecked = []
+    run_filter([good], config, lambda task, result: reported.__setitem__(task.id, result),
+               checked=checked, on_checked=lambda task, measured: rechecked.append(task.id))
+    assert rechecked == []  # pass 1 did not run again
+    assert reported["good"].keep and reported["good"].t_eager_ms > 0
+    assert reported["good"].compile_s == checked[good.sha256]["compile_s"]  # the first pass's compile, not a rerun's
