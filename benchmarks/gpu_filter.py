@@ -85,6 +85,8 @@ def main() -> None:
     def stop() -> None:  # an interrupted batch kills its judges and keeps what they had finished
         os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the main thread where it waits
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # started in the background, SIGINT is ignored
+
     def record(task: Task, result) -> None:  # after a stop too: only finished tasks are reported
         results[task.id] = {**result.to_dict(), "compile_s": result.compile_s, "timing_s": result.timing_s,
                             "wait_s": result.wait_s, "scale": task.provenance["scale"]}

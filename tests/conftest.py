@@ -8,6 +8,7 @@ directly gets them from here.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 if not os.environ.get("CUDAGYM_KERNELBENCH") and SHARED_KERNELBENCH.is_file():
     os.environ["CUDAGYM_KERNELBENCH"] = str(SHARED_KERNELBENCH)
+# Tests stop batches with a real SIGINT. A shell that starts the suite in the background (`make test &`
+# in a script) starts Python with SIGINT ignored, and those tests would then wait out their hanging
+# tasks instead of stopping: handle it as an interactive run does.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
