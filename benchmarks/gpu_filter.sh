@@ -3,9 +3,9 @@
 # Carry .whl, .whl-ray and .kb (see ray_scale.sh). From the repo root on the GPU box:
 #   [SECS=480] [PREV=FILE.json] bash benchmarks/gpu_filter.sh
 # Resumes from /tmp/gpu-filter-prev.json (this box's previous call, while it stays warm), else from
-# PREV (default: the committed H200 results of 2026-12-01). Results under $OUT: filter.json (pass
-# it back as PREV next call), filter.log, load.txt (load average, GPU utilisation and memory every
-# 15 s), env.txt.
+# PREV (default: the committed H200 results of 2026-12-01, all 1,069 done; PREV=none measures afresh).
+# Results under $OUT: filter.json (pass it back as PREV next call), filter.log, load.txt (load
+# average, GPU utilisation and memory every 15 s), env.txt.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 PREV_CALL=/tmp/gpu-filter-prev.json
