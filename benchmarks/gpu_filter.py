@@ -54,7 +54,13 @@ def main() -> None:
     parser.add_argument("--compose-procs", type=int, default=4, help="processes composing each scale")
     parser.add_argument("--runner", default="local", choices=["local", "ray"], help="ray: every GPU of the box")
     parser.add_argument("--resume", help="an earlier OUT.json: keep its results, filter the rest")
+    parser.add_argument("--check-only", action="store_true",
+                        help="stop once the first pass is over (time the tasks it passed in a later --resume call)")
+    parser.add_argument("--timing-judges", type=int, help="judges per GPU of the timing pass (default: batch's)")
     args = parser.parse_args()
+    from cudagym.eval import batch
+    if args.timing_judges:  # an experiment's knob: the module constant is read when the pass starts
+        batch.TIMING_JUDGES_PER_GPU = args.timing_judges
 
     from cudagym.synth.filter import FilterConfig, run_filter
     from cudagym.tasks import Task
@@ -87,26 +93,37 @@ def main() -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # started in the background, SIGINT is ignored
 
+    def first_pass_over() -> None:  # callbacks run in this thread: the raise stops the batch here
+        if args.check_only and all(t.id in results or t.sha256 in checked for t in todo):
+            raise KeyboardInterrupt
+
     def record(task: Task, result) -> None:  # after a stop too: only finished tasks are reported
         results[task.id] = {**result.to_dict(), "compile_s": result.compile_s, "timing_s": result.timing_s,
                             "wait_s": result.wait_s, "scale": task.provenance["scale"]}
+        first_pass_over()
+
+    def record_checked(task: Task, measured: dict) -> None:
+        checked[task.sha256] = measured
+        first_pass_over()
 
     timer = threading.Timer(args.seconds, stop)
     timer.start()
     t1 = time.time()
     try:
-        run_filter(todo, config, record, checked=checked, on_checked=lambda task, m: checked.__setitem__(task.sha256, m))
+        run_filter(todo, config, record, checked=checked, on_checked=record_checked)
     except KeyboardInterrupt:
         pass
     finally:
         timer.cancel()
-    filter_s = time.time() - t1 + prior["report"].get("filter_wall_s", 0)
+    call_s = time.time() - t1
+    filter_s = call_s + prior["report"].get("filter_wall_s", 0)
 
     done = list(results.values())
     timed = {t.sha256 for t in tasks if t.id in results}
     report = {
         "candidates": len(tasks), "filtered": len(done), "compose_s": round(compose_s, 1),
         "filter_wall_s": round(filter_s, 1), "calls": prior["report"].get("calls", 0) + 1,
+        "this_call_filter_s": round(call_s, 1), "timing_judges_per_gpu": batch.TIMING_JUDGES_PER_GPU, "this_call_filtered": len(todo) - sum(t.id not in results for t in todo),
         "candidates_per_min": round(len(done) / filter_s * 60, 1) if filter_s else None,
         "sum_compile_s": round(sum(r["compile_s"] or 0 for r in done), 1),
         "sum_gpu_exclusive_s": round(sum(r["timing_s"] or 0 for r in done), 1),
