@@ -123,7 +123,8 @@ def main() -> None:
     report = {
         "candidates": len(tasks), "filtered": len(done), "compose_s": round(compose_s, 1),
         "filter_wall_s": round(filter_s, 1), "calls": prior["report"].get("calls", 0) + 1,
-        "this_call_filter_s": round(call_s, 1), "timing_judges_per_gpu": batch.TIMING_JUDGES_PER_GPU, "this_call_filtered": len(todo) - sum(t.id not in results for t in todo),
+        "this_call_filter_s": round(call_s, 1), "this_call_filtered": sum(t.id in results for t in todo),
+        "timing_judges_per_gpu": batch.TIMING_JUDGES_PER_GPU,
         "candidates_per_min": round(len(done) / filter_s * 60, 1) if filter_s else None,
         "sum_compile_s": round(sum(r["compile_s"] or 0 for r in done), 1),
         "sum_gpu_exclusive_s": round(sum(r["timing_s"] or 0 for r in done), 1),
