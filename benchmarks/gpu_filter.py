@@ -58,6 +58,8 @@ def main() -> None:
                         help="stop once the first pass is over (time the tasks it passed in a later --resume call)")
     parser.add_argument("--timing-judges", type=int, help="judges per GPU of the timing pass (default: batch's)")
     args = parser.parse_args()
+    if args.timing_judges is not None and args.timing_judges < 1:
+        parser.error("--timing-judges must be at least 1")
     from cudagym.eval import batch
     if args.timing_judges:  # an experiment's knob: the module constant is read when the pass starts
         batch.TIMING_JUDGES_PER_GPU = args.timing_judges
