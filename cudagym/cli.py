@@ -66,8 +66,8 @@ def _eval_config(args: argparse.Namespace):
             raise UsageError("--device cuda but no CUDA device is visible (use --device cpu)")
     try:
         tol = STRICT_TOLERANCE if args.tolerance == "strict" else Tolerance()
-        return EvalConfig(device=device, policy=args.policy, timing_mode=args.timing_mode, n_checks=args.n_checks,
-                          timeout_s=args.timeout, atol=tol.atol, rtol=tol.rtol)
+        return EvalConfig(device=device, policy=args.policy, timing_mode=args.timing_mode, precision=args.precision,
+                          n_checks=args.n_checks, timeout_s=args.timeout, atol=tol.atol, rtol=tol.rtol)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -162,7 +162,8 @@ def cmd_eval_run(args) -> int:
     metrics = compute_metrics(rows, expected=[(t.level, t.problem_id) for t in tasks])
     _print_table([{"scope": k, **m} for k, m in metrics.items()],
                  ["scope", "n", "pass_rate", "faster_than_compile_rate", "faster_than_eager_rate",
-                  "geomean_all_vs_compile", "geomean_all_vs_eager"], f"{name} ({config.timing_mode} timing)")
+                  "geomean_all_vs_compile", "geomean_all_vs_eager"],
+                 f"{name} ({config.timing_mode} timing, {config.precision} precision)")
     return 0
 
 
@@ -187,15 +188,18 @@ def cmd_audit(args) -> int:
     from cudagym.eval.batch import run_audit
 
     config = _eval_config(args)
-    rows = run_audit(_tasks(args), config, parallel=_parallel(args, config.device), runner=args.runner,
-                     address=args.address)
+    tasks = _tasks(args)
+    with _open_store(args.db) as store:
+        rows = run_audit(tasks, config, parallel=_parallel(args, config.device), runner=args.runner,
+                         address=args.address, store=store)
     if args.json:
         print(json.dumps(rows))
     else:
-        _print_table([r for r in rows if r["accepts"] or r["stochastic"] or r.get("error")],
-                     ["level", "problem_id", "name", "accepts", "stochastic", "error"],
+        _print_table([r for r in rows if r.get("degenerate") or r.get("error")],
+                     ["level", "problem_id", "name", "accepts", "near", "stochastic", "error"],
                      f"problems whose check accepts a degenerate answer ({sum(bool(r['accepts']) for r in rows)} of"
-                     f" {len(rows)}) or whose reference is random ({sum(bool(r['stochastic']) for r in rows)})")
+                     f" {len(rows)}), comes near one ({sum(bool(set(r.get('near') or []) - set(r['accepts'])) for r in rows)})"
+                     f" or whose reference is random ({sum(bool(r['stochastic']) for r in rows)})")
     return 0
 
 
@@ -206,13 +210,18 @@ def cmd_leaderboard_metrics(args) -> int:
 
     verdicts = read_rows(args.verdicts)
     expected = expected_problems(args.kb_version, args.levels) if (args.levels_given or args.kb_version_given) else None
-    metrics = compute_metrics(verdicts, expected=expected)
+    metrics = compute_metrics(verdicts, expected=expected, include_degenerate=args.include_degenerate)
     if args.json:
         print(json.dumps(metrics))
     else:
         _print_table([{"scope": k, **m} for k, m in metrics.items()],
                      ["scope", "n", "pass_rate", "faster_than_compile_rate", "faster_than_eager_rate",
-                      "geomean_correct_vs_compile", "geomean_all_vs_compile", "geomean_all_vs_eager"], str(args.verdicts))
+                      "geomean_correct_vs_compile", "geomean_all_vs_compile", "geomean_all_vs_eager",
+                      "n_degenerate_excluded"], str(args.verdicts))
+        left_out = metrics["overall"]["n_degenerate_excluded"]
+        if left_out:
+            print(f"{left_out} degenerate problem{'s' if left_out != 1 else ''} left out"
+                  " (--include-degenerate to count them)")
     return 0
 
 
@@ -222,7 +231,7 @@ def cmd_leaderboard_show(args) -> int:
     if not Path(args.db).is_file():
         raise UsageError(f"no database at {args.db} (run `cudagym eval run` first, or pass --db)")
     with _open_store(args.db) as store:
-        show(store)
+        show(store, include_degenerate=args.include_degenerate, compare=args.compare)
     return 0
 
 
@@ -232,7 +241,7 @@ def cmd_leaderboard_html(args) -> int:
     if not Path(args.db).is_file():
         raise UsageError(f"no database at {args.db} (run `cudagym eval run` first, or pass --db)")
     with _open_store(args.db) as store:
-        path = write_html(store, args.out)
+        path = write_html(store, args.out, include_degenerate=args.include_degenerate, compare=args.compare)
     print(path)
     return 0
 
@@ -382,6 +391,9 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if visible)")
     p.add_argument("--policy", default="strict", help="op policy: strict (default) or permissive")
     p.add_argument("--timing-mode", default="strict", help="strict (default) or paper")
+    p.add_argument("--precision", default="strict",
+                   help="strict: fp32 with TF32 off for every party (default); kernelbench: torch's defaults"
+                        " (cuDNN TF32 on), as KernelBench runs; recorded in verdicts and cache keys")
     p.add_argument("--n-checks", type=int, default=5, help="fresh input sets per correctness check (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a single candidate call may take")
     p.add_argument("--tolerance", choices=("paper", "strict"), default="paper",
@@ -433,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("audit", help="degenerate-answer probes").add_subparsers(dest="sub", required=True, parser_class=_Parser)
     auk = au.add_parser("kernelbench", help="which problems accept zeros / constant / passthrough / ...")
     auk.add_argument("--json", action="store_true")
+    auk.add_argument("--db", default=DEFAULT_DB, help="stores every audit row and reuses stored ones (default %(default)s)")
     _add_parallel(auk)
     _add_selection(auk)
     _add_eval_options(auk)
@@ -443,13 +456,20 @@ def build_parser() -> argparse.ArgumentParser:
     met.add_argument("verdicts")
     met.add_argument("--json", action="store_true")
     _add_selection(met, problems=False)
+    degenerate_help = "count problems whose check cannot tell a real kernel from a trivial one (left out by default)"
+    compare_help = "two entries side by side, A,B: each NAME, NAME@MODE or NAME@MODE@PRECISION"
+    met.add_argument("--include-degenerate", action="store_true", help=degenerate_help)
     met.set_defaults(func=cmd_leaderboard_metrics)
     show = lb.add_parser("show", help="terminal table of every submission in the store")
     show.add_argument("--db", default=DEFAULT_DB)
+    show.add_argument("--include-degenerate", action="store_true", help=degenerate_help)
+    show.add_argument("--compare", metavar="A,B", help=compare_help)
     show.set_defaults(func=cmd_leaderboard_show)
-    html = lb.add_parser("html", help="static page: per-level tables and speedup plots")
+    html = lb.add_parser("html", help="static page: per-level and per-problem tables, comparisons, speedup plots")
     html.add_argument("--out", required=True)
     html.add_argument("--db", default=DEFAULT_DB)
+    html.add_argument("--include-degenerate", action="store_true", help=degenerate_help)
+    html.add_argument("--compare", metavar="A,B", help=compare_help + " (strict vs paper of one submission: automatic)")
     html.set_defaults(func=cmd_leaderboard_html)
 
     kb = sub.add_parser("kernelbench", help="the KernelBench problem source").add_subparsers(dest="sub", required=True,

@@ -19,6 +19,7 @@ SHARED_KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "problems.jsonl"
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("CUDAGYM_LOCK_DIR", str(REPO / ".cache" / "locks"))  # the suite's device locks, not the machine's
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 if not os.environ.get("CUDAGYM_KERNELBENCH") and SHARED_KERNELBENCH.is_file():

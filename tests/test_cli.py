@@ -116,7 +116,11 @@ def test_eval_run_stores_verdicts_counts_missing_problems_and_resumes(tmp_path):
     verdicts.write_text(first.stdout)
     metrics = cudagym("leaderboard", "metrics", str(verdicts), "--json")
     m = json.loads(metrics.stdout)["overall"]
-    assert m["n"] == 2 and m["pass_rate"] == 0.5
+    # ReLU of torch.rand accepts its input passed through: the audit marks it, the metrics leave it out.
+    assert "passthrough" in rows[(1, 2)]["degenerate"]
+    assert m["n"] == 1 and m["n_degenerate_excluded"] == 1 and m["pass_rate"] == 0.0
+    counted = json.loads(cudagym("leaderboard", "metrics", str(verdicts), "--json", "--include-degenerate").stdout)
+    assert counted["overall"]["n"] == 2 and counted["overall"]["pass_rate"] == 0.5
 
 
 def test_a_killed_eval_run_keeps_what_it_stored_and_the_rerun_finishes(tmp_path):
@@ -149,7 +153,7 @@ def test_a_killed_eval_run_keeps_what_it_stored_and_the_rerun_finishes(tmp_path)
 
 def test_audit_names_the_probes_each_problem_accepts(tmp_path):
     proc = cudagym("audit", "kernelbench", "--problems", str(EXAMPLES / "problems"), "--ids", "1-3",
-                   "--levels", "1", "--device", "cpu", "--json", *FAST)
+                   "--levels", "1", "--device", "cpu", "--json", "--db", str(tmp_path / "audit.duckdb"), *FAST)
     assert proc.returncode == 0, proc.stderr
     rows = {r["problem_id"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
     assert "passthrough" in rows[2]["accepts"]  # ReLU of torch.rand is the identity on its domain
@@ -168,7 +172,8 @@ def test_audit_names_problems_whose_reference_is_random(tmp_path):
         "        super().__init__()\n        self.linear = nn.Linear(32, 16)\n        self.dropout = nn.Dropout(0.2)\n\n"
         "    def forward(self, x):\n        return torch.softmax(self.dropout(self.linear(x)), dim=1)\n\n"
         "def get_inputs():\n    return [torch.randn(8, 32)]\n\ndef get_init_inputs():\n    return []\n")
-    proc = cudagym("audit", "kernelbench", "--problems", str(problems), "--device", "cpu", "--json", *FAST)
+    proc = cudagym("audit", "kernelbench", "--problems", str(problems), "--device", "cpu", "--json",
+                   "--db", str(tmp_path / "audit.duckdb"), *FAST)
     assert proc.returncode == 0, proc.stderr
     rows = {r["problem_id"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
     assert set(rows[5]["stochastic"]) & {"bernoulli_", "native_dropout", "dropout"}  # CPU: dropout draws with bernoulli_

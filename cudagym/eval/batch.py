@@ -6,26 +6,29 @@ DuckDB writer; every result is stored the moment it arrives, so a killed run res
 stopped.
 
 Where judges run is the runner's business (`open_pool`): `local` is threads on this
-machine; `ray` is one worker per GPU of a Ray cluster (`cudagym.eval.ray_runner`). A job is a
-picklable callable of the `Worker` it lands on (that worker's config and machine), so the same
-jobs and the same recording serve both.
+machine (`cudagym.eval.pool`); `ray` is one worker per GPU of a Ray cluster
+(`cudagym.eval.ray_runner`). A job is a picklable callable of the `Worker` it lands on (that
+worker's config and machine), so the same jobs and the same recording serve both.
+
+Every selection is keyed by its precision as well as its timing mode (`EvalConfig.precision`):
+baselines by `baseline_key`'s dtype, verdicts and audits by their own column, so a run never
+resumes from, or times against, another precision's results. An eval run audits its problems first
+(`audit_rows`, stored in the `audits` table and reused) and marks each verdict of a problem whose
+check cannot tell a real kernel from a trivial one (`degenerate`, with the problem's `cost`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
-from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
-from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, clear_stop, run_reference_jobs, stop_live_judges
-from cudagym.eval.gpulock import timing_cpu_split
-from cudagym.eval.store import BaselineKey, Store
+from cudagym.eval.checks import Tolerance, degenerate_reason
+from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_jobs
+from cudagym.eval.pool import (DRAIN_S, Job, LocalPool, Worker, batch_config, machine_env,  # noqa: F401 - re-exported
+                               progress_bar, run_all)
+from cudagym.eval.store import AuditKey, BaselineKey, Store
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task, TaskError
 
@@ -33,22 +36,21 @@ SUBMISSION_FILE = re.compile(r"^(\d+)(?:_.*)?\.py$")
 NO_FILE = "no file for this problem in the submission"
 RUNNERS = ("local", "ray")
 TIMING_JUDGES_PER_GPU = 4  # timing passes (baselines, GPU filter): enough judges to prepare while one holds the GPU
-DRAIN_S = 30.0  # after a stop, how long to wait for the stopped judges' finished work
+AUDIT_CHUNK = 4  # problems per audit judge
+# A baseline's dtype names its precision regime, so the cache never mixes them (EvalConfig.precision).
+PRECISION_DTYPES = {"strict": "float32-notf32", "kernelbench": "float32-kernelbench"}
 
 
-def machine_env(device: str) -> dict:
-    """What baselines depend on besides the problem: GPU model, torch and CUDA versions."""
-    import torch
-
-    if device.startswith("cuda"):
-        return {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__.split("+")[0],
-                "cuda": torch.version.cuda or ""}
-    return {"gpu": "cpu", "torch": torch.__version__.split("+")[0], "cuda": ""}
+def baseline_key(task: Task, env: dict, timing_mode: str, precision: str = "strict") -> BaselineKey:
+    """The cache key of a task's baseline on a machine: fp32 with TF32 off (precision strict) or
+    torch's defaults (kernelbench) are different dtypes."""
+    return BaselineKey(task.sha256, env["gpu"], env["torch"], env["cuda"], PRECISION_DTYPES[precision], timing_mode)
 
 
-def baseline_key(task: Task, env: dict, timing_mode: str) -> BaselineKey:
-    # fp32 with TF32 off is the only precision regime the harness times in.
-    return BaselineKey(task.sha256, env["gpu"], env["torch"], env["cuda"], "float32-notf32", timing_mode)
+def audit_key(task: Task, env: dict, config: EvalConfig) -> AuditKey:
+    """The store key of a task's audit: its code, the tolerance, the device kind ("cpu" or the GPU's
+    name) and the precision."""
+    return AuditKey(task.sha256, config.atol, config.rtol, env["gpu"], config.precision)
 
 
 def submission_files(submission_dir: str | Path) -> dict[tuple[int, int], Path]:
@@ -69,101 +71,6 @@ def submission_files(submission_dir: str | Path) -> dict[tuple[int, int], Path]:
                     raise TaskError(f"two files for level {key[0]} problem {key[1]}: {files[key].name}, {path.name}")
                 files[key] = path
     return files
-
-
-def _batch_config(config: EvalConfig, parallel: int, gpu_slot: tuple[int, int] | None = None) -> EvalConfig:
-    """Judges side by side: share the GPU through a lock file, and the CPU cores between them.
-    gpu_slot: (this GPU's index, GPUs on the host), where the device's own index does not say it
-    (a Ray worker sees its GPU as cuda:0)."""
-    if config.device.startswith("cuda") and config.timing_cpus is None:  # this GPU's timing cores (gpulock)
-        if gpu_slot is None:
-            import torch
-
-            gpu_slot = (int(config.device.split(":")[1]), torch.cuda.device_count())
-        timing, work = timing_cpu_split(*gpu_slot, os.sched_getaffinity(0))
-        config = replace(config, timing_cpus=timing, work_cpus=work)
-    if parallel > 1 and not config.compile_threads:
-        config = replace(config, compile_threads=max(1, len(config.work_cpus or os.sched_getaffinity(0)) // parallel))
-    if config.device.startswith("cuda") and not config.lock_path:
-        lock_dir = Path(tempfile.gettempdir()) / "cudagym-locks"
-        config = replace(config, lock_path=str(lock_dir / f"gpu-{config.device.replace(':', '')}.lock"))
-    if config.lock_path:
-        Path(config.lock_path).parent.mkdir(parents=True, exist_ok=True)
-        for suffix in ("", ".turnstile", ".memory"):
-            Path(config.lock_path + suffix).touch()
-    return config
-
-
-def _run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int, on_result: Callable[[object, object], None],
-             description: str, total: int) -> None:
-    """Run job thunks on `parallel` threads (each drives a subprocess), reporting with a progress bar."""
-    clear_stop()
-    with progress_bar(description, total) as advance, ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures: dict[Future, object] = {pool.submit(thunk): key for key, thunk in jobs}
-        recorded: set[Future] = set()
-        try:
-            for future in as_completed(futures):
-                on_result(futures[future], future.result())
-                recorded.add(future)
-                advance()
-        except BaseException:  # Ctrl-C or a timeout's SIGINT: stop now, but keep what was finished
-            pool.shutdown(wait=False, cancel_futures=True)
-            stop_live_judges()
-            # The stopped judges' threads return at once with what their judges had finished (a
-            # chunk of tasks may be half done); store that before going.
-            try:
-                finished, _ = wait([f for f in futures if f not in recorded and not f.cancelled()], timeout=DRAIN_S)
-                for future in finished:
-                    if future.exception() is None:
-                        on_result(futures[future], future.result())
-            finally:
-                clear_stop()
-            raise
-
-
-@contextlib.contextmanager
-def progress_bar(description: str, total: int):
-    """A progress bar on stderr (stdout carries results, --json); yields the function that advances it."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress:
-        bar = progress.add_task(description, total=total)
-        yield lambda: progress.advance(bar)
-
-
-# -- runners: where jobs run ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Worker:
-    """Where a job runs: the judge config for that worker's GPU (device, lock file, compile threads)
-    and the machine its baselines belong to (`machine_env`)."""
-
-    config: EvalConfig
-    env: dict
-
-
-Job = Callable[[Worker], object]  # for the ray runner picklable: a module-level function, or a partial of one
-
-
-class LocalPool:
-    """This machine: `parallel` threads, each driving a judge subprocess (the `local` runner)."""
-
-    def __init__(self, config: EvalConfig, parallel: int = 1):
-        self.parallel = parallel
-        self.worker = Worker(_batch_config(config, parallel), machine_env(config.device))
-        self.envs = [self.worker.env]
-        self.n_workers = 1
-
-    def run(self, jobs: Iterable[tuple[object, Job]], on_result: Callable[[object, object], None], description: str,
-            total: int) -> None:
-        _run_all(((key, partial(job, self.worker)) for key, job in jobs), self.parallel, on_result, description, total)
-
-    def __enter__(self) -> "LocalPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 def open_pool(config: EvalConfig, parallel: int = 1, runner: str = "local", address: str | None = None):
@@ -189,7 +96,7 @@ def _eval_job(task: Task, candidate_code: str, baselines: dict[BaselineKey, dict
     the compile time is not re-timed, so when the GPU ran this problem at another speed than when its
     baseline was cached (H200: 2.5x slower for a whole problem, once per run or so), speedup_vs_compile
     is off by as much, and this ratio shows it."""
-    cached = baselines.get(baseline_key(task, worker.env, worker.config.timing_mode)) or {}
+    cached = baselines.get(baseline_key(task, worker.env, worker.config.timing_mode, worker.config.precision)) or {}
     verdict = evaluate_candidate(task.code, candidate_code, worker.config, task=task, t_compile_ms=cached.get("t_compile_ms"))
     if verdict.t_eager_ms and cached.get("t_eager_ms"):
         verdict.timing["eager_vs_baseline"] = float(f"{verdict.t_eager_ms / cached['t_eager_ms']:.4g}")
@@ -199,7 +106,7 @@ def _eval_job(task: Task, candidate_code: str, baselines: dict[BaselineKey, dict
 def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], worker: Worker) -> tuple[dict, dict[str, dict]]:
     """Reference runs (mode baseline, warm, audit or filter) of a few tasks in one judge, leaving out tasks
     whose baseline the worker's machine has already; (machine, {task.id: result})."""
-    todo = [t for t in tasks if baseline_key(t, worker.env, worker.config.timing_mode) not in skip]
+    todo = [t for t in tasks if baseline_key(t, worker.env, worker.config.timing_mode, worker.config.precision) not in skip]
     results = run_reference_jobs(todo, mode, worker.config) if todo else []
     return worker.env, {t.id: r for t, r in zip(todo, results) if r is not None}  # None: stopped before it ran
 
@@ -246,37 +153,54 @@ def run_references(pool, shares: list[list[Task]], mode: str, on_result: Callabl
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,
                    parallel: int = 1, levels: list[int] | None = None, kb_version: str | None = None,
                    runner: str = "local", address: str | None = None) -> list[Verdict]:
-    """Evaluate every task against the submission's file for it; missing files count as failed."""
+    """Evaluate every task against the submission's file for it; missing files count as failed.
+
+    The run is the submission's in the config's timing mode and precision: it resumes from, and
+    returns, verdicts of that mode and precision only (the name's other runs stay as they are).
+    The problems to evaluate are audited first (`audit_rows`), and each new verdict carries its
+    problem's `degenerate` reason and `cost` from the audit (an audit that failed marks nothing)."""
     files = submission_files(submission_dir)
-    store.add_submission(name, str(submission_dir), config.timing_mode, levels=levels, kb_version=kb_version)
-    stored = {(v.get("kb_version"), v["level"], v["problem_id"]): v for v in store.verdicts(name)}
+    run = {"timing_mode": config.timing_mode, "precision": config.precision}
+    store.add_submission(name, str(submission_dir), config.timing_mode, levels=levels, kb_version=kb_version,
+                         precision=config.precision)
+    stored = {(v.get("kb_version"), v["level"], v["problem_id"]): v for v in store.verdicts(name, **run)}
     # Resume: skip what is stored, except problems stored as missing whose file exists now.
     todo = [t for t in tasks if (t.kb_version, t.level, t.problem_id) not in stored
             or (stored[(t.kb_version, t.level, t.problem_id)].get("reason") == NO_FILE and (t.level, t.problem_id) in files)]
-    for task in todo:
-        if (task.level, task.problem_id) not in files:  # no judge needed
-            store.add_verdict(name, Verdict(status=Status.RUNTIME_ERROR, level=task.level, problem_id=task.problem_id,
-                                            name=task.name, kb_version=task.kb_version, reason=NO_FILE,
-                                            timing_mode=config.timing_mode).finish().to_dict())
-    todo = [t for t in todo if (t.level, t.problem_id) in files]
+    audits: dict[str, dict] = {}
+
+    def add(verdict: Verdict, task: Task) -> None:
+        row = audits.get(task.id) or {}
+        if row and "error" not in row:
+            verdict.degenerate, verdict.cost = row.get("degenerate"), row.get("cost")
+        store.add_verdict(name, verdict.to_dict())
 
     def record(task: Task, result: tuple[dict, Verdict]) -> None:
         env, verdict = result
-        store.add_verdict(name, verdict.to_dict())
-        key = baseline_key(task, env, config.timing_mode)
+        add(verdict, task)
+        key = baseline_key(task, env, config.timing_mode, config.precision)
         if verdict.t_compile_ms and verdict.t_eager_ms and not store.get_baseline(key):
             store.put_baseline(key, {"t_eager_ms": verdict.t_eager_ms, "t_compile_ms": verdict.t_compile_ms, "source": "eval"})
 
     def job(task: Task, envs: list[dict]) -> Job:
-        keys = [baseline_key(task, env, config.timing_mode) for env in envs]
+        keys = [baseline_key(task, env, config.timing_mode, config.precision) for env in envs]
         cached = {key: found for key in keys if (found := store.get_baseline(key))}
         return partial(_eval_job, task, files[(task.level, task.problem_id)].read_text(), cached)
 
     if todo:  # a finished run starts no workers
         with open_pool(config, parallel, runner, address) as pool:
-            pool.run(((t, job(t, pool.envs)) for t in todo), record, f"eval {name}", len(todo))
+            audits.update(audit_rows(todo, store, pool, config))
+            for task in todo:
+                if (task.level, task.problem_id) not in files:  # no judge needed
+                    add(Verdict(status=Status.RUNTIME_ERROR, level=task.level, problem_id=task.problem_id,
+                                name=task.name, kb_version=task.kb_version, reason=NO_FILE,
+                                timing_mode=config.timing_mode, precision=config.precision).finish(), task)
+            todo = [t for t in todo if (t.level, t.problem_id) in files]
+            if todo:
+                pool.run(((t, job(t, pool.envs)) for t in todo), record, f"eval {name}", len(todo))
     wanted = {(t.kb_version, t.level, t.problem_id) for t in tasks}
-    return [Verdict.from_dict(v) for v in store.verdicts(name) if (v.get("kb_version"), v["level"], v["problem_id"]) in wanted]
+    return [Verdict.from_dict(v) for v in store.verdicts(name, **run)
+            if (v.get("kb_version"), v["level"], v["problem_id"]) in wanted]
 
 
 def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1,
@@ -291,10 +215,10 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
             if task.id in by_id:
                 results[task.id] = by_id[task.id]
                 if by_id[task.id].get("t_eager_ms") is not None:
-                    store.put_baseline(baseline_key(task, env, config.timing_mode), by_id[task.id])
+                    store.put_baseline(baseline_key(task, env, config.timing_mode, config.precision), by_id[task.id])
 
     with open_pool(config, parallel, runner, address) as pool:
-        keys = {t.id: [baseline_key(t, env, config.timing_mode) for env in pool.envs] for t in tasks}
+        keys = {t.id: [baseline_key(t, env, config.timing_mode, config.precision) for env in pool.envs] for t in tasks}
         cached = {key for t in tasks for key in keys[t.id] if store.get_baseline(key) is not None}
         todo = [t for t in tasks if not cached.issuperset(keys[t.id])]
         skip = partial(_cached_keys, keys=keys, cached=cached)
@@ -310,7 +234,7 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
                  f"time, {len(timed)} judges", len(timed))
         env = pool.envs[0]
     for task in tasks:
-        results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode)) or {})
+        results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode, config.precision)) or {})
     return results
 
 
@@ -318,18 +242,51 @@ def _cached_keys(tasks: list[Task], keys: dict[str, list[BaselineKey]], cached: 
     return frozenset(key for t in tasks for key in keys[t.id] if key in cached)
 
 
-def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: int = 4, runner: str = "local",
-              address: str | None = None) -> list[dict]:
-    """For every task, the degenerate probes its correctness check accepts (contract: `audit kernelbench`)."""
+def run_audit(tasks: list[Task], config: EvalConfig, parallel: int = 1, chunk: int = AUDIT_CHUNK, runner: str = "local",
+              address: str | None = None, store: Store | None = None) -> list[dict]:
+    """For every task, the degenerate probes its correctness check accepts (contract: `audit kernelbench`),
+    one row per task (`audit_row`). With a store, rows stored for these tasks are reused and new ones
+    stored as they arrive, so a stopped audit resumes."""
+    with open_pool(config, parallel, runner, address) as pool:
+        rows = audit_rows(tasks, store, pool, config, chunk)
+    return [rows[t.id] for t in tasks]
+
+
+def audit_row(task: Task, found: dict, config: EvalConfig) -> dict:
+    """An audit row from the judge's audit result: level, problem_id, name, accepts (the probes the
+    check accepts), stochastic (the random ops the reference runs), near (probes within rtol in
+    relative L2 on every input set), input_sensitivity, cost ({flops, bytes}), degenerate (why the
+    check cannot tell a real kernel from a trivial one, `checks.degenerate_reason`; None if it can),
+    and error where the problem could not be audited (such a row marks nothing degenerate)."""
+    row = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "accepts": found.get("accepts", []),
+           "stochastic": found.get("stochastic_ops", []), "near": found.get("near", []),
+           "input_sensitivity": found.get("input_sensitivity"), "cost": found.get("cost"), "degenerate": None}
+    if "accepts" not in found:
+        row["error"] = found.get("reason", "failed")
+    else:
+        row["degenerate"] = degenerate_reason(row, Tolerance(config.atol, config.rtol))
+    return row
+
+
+def audit_rows(tasks: list[Task], store: Store | None, pool, config: EvalConfig, chunk: int = AUDIT_CHUNK) -> dict[str, dict]:
+    """{task.id: audit row} on an open pool: a row the store holds for the task's code, this tolerance
+    and precision and one of the pool's devices is reused; the other tasks are audited (mode audit,
+    `chunk` per judge) and their rows stored as they arrive. A row with an error is stored but not
+    reused: the next run audits that task again (the failure may have been the machine's)."""
     rows: dict[str, dict] = {}
+    for task in tasks if store is not None else []:
+        for env in pool.envs:
+            found = store.get_audit(audit_key(task, env, config))
+            if found is not None and "error" not in found:  # same code: this task's names, the stored findings
+                rows[task.id] = dict(found, level=task.level, problem_id=task.problem_id, name=task.name)
+                break
 
     def record(task: Task, env: dict, found: dict) -> None:
-        row = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "accepts": found.get("accepts", []),
-               "stochastic": found.get("stochastic_ops", [])}
-        if "accepts" not in found:
-            row["error"] = found.get("reason", "failed")
-        rows[task.id] = row
+        rows[task.id] = audit_row(task, found, config)
+        if store is not None:
+            store.put_audit(audit_key(task, env, config), rows[task.id])
 
-    dispatch_reference(tasks, "audit", record, config, parallel, chunk, runner, address,
-                       f"audit, {chunk} problems per judge")
-    return [rows[t.id] for t in tasks]
+    todo = [t for t in tasks if t.id not in rows]
+    if todo:
+        run_references(pool, chunks_of(todo, chunk), "audit", record, f"audit, {chunk} problems per judge")
+    return rows

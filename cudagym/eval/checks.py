@@ -119,6 +119,35 @@ def _mean(ref, inputs, other_ref):
             for r in ref]
 
 
+def affine_fit(ref: list[torch.Tensor], inputs: list) -> list[tuple[int, float, float]] | None:
+    """For each output, the input of its shape and dtype and the scalars (a, b) of the least-squares
+    fit output ~ a * input + b; None where some output has no such input."""
+    tensors = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    fits = []
+    for r in ref:
+        match = next(((i, x) for i, x in tensors if x.shape == r.shape and x.dtype == r.dtype), None)
+        if match is None or not r.is_floating_point():
+            return None
+        i, x = match
+        xd, rd = x.double().flatten(), r.double().flatten()
+        var = float(((xd - xd.mean()) ** 2).mean())
+        a = float(((xd - xd.mean()) * (rd - rd.mean())).mean()) / var if var > 0 else 0.0
+        fits.append((i, a, float(rd.mean()) - a * float(xd.mean())))
+    return fits
+
+
+def apply_affine(fits: list[tuple[int, float, float]], inputs: list, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [(inputs[i].double() * a + b).to(r.dtype) for (i, a, b), r in zip(fits, like)]
+
+
+@probe("affine")
+def _affine(ref, inputs, other_ref):
+    """a * input + b with two scalars: what skipping a normalisation's statistics gives on i.i.d.
+    inputs (BatchNorm of torch.rand is (x - 0.5) / 0.289 per channel, at any batch)."""
+    fits = affine_fit(ref, inputs)
+    return None if fits is None else apply_affine(fits, inputs, ref)
+
+
 @probe("input_independent")
 def _input_independent(ref, inputs, other_ref):
     return other_ref  # the reference output for a different input set
@@ -144,3 +173,20 @@ def is_downcast(err_cand: float, err_ref32: float) -> bool:
     """fp16/bf16/tf32 arithmetic lands at >= ~2e-4 relative error; honest fp32 far below, and within
     a small factor of the reference's own fp32 error even with another summation order."""
     return err_cand > max(1e-4, 30 * err_ref32)
+
+
+def degenerate_reason(row: dict, tol: Tolerance = Tolerance()) -> str | None:
+    """Why a problem's check cannot tell a real kernel from a trivial one, from its audit row
+    (`cudagym audit`: `accepts`, `near`, `stochastic`, `input_sensitivity`); None when it can.
+    Such problems are marked on the leaderboard and left out of its metrics by default."""
+    reasons = []
+    if row.get("accepts"):
+        reasons.append(f"its check accepts {', '.join(row['accepts'])} (atol={tol.atol:g}, rtol={tol.rtol:g})")
+    near = [p for p in row.get("near") or [] if p not in (row.get("accepts") or [])]
+    if near:
+        sens = row.get("input_sensitivity")
+        detail = f"; output changes by {sens:.1e} (rel. L2) between input sets" if isinstance(sens, (int, float)) else ""
+        reasons.append(f"its output is within {tol.rtol:g} (rel. L2) of {', '.join(near)}{detail}")
+    if row.get("stochastic"):
+        reasons.append(f"its reference is random ({', '.join(row['stochastic'][:3])})")
+    return "; ".join(reasons) or None

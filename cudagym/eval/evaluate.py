@@ -20,11 +20,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cudagym.eval.gpulock import lock_dir, prepare_lock_dir
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task
 from cudagym.tasks.sandbox import describe_exit, kill_tree
 
 POLICIES = ("strict", "permissive")
+PRECISIONS = ("strict", "kernelbench")
 _LIVE_JUDGES: set[subprocess.Popen] = set()  # so an interrupted batch can stop them (they run in their own sessions)
 _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_live_judges: a judge that ends now was killed, not finished
@@ -62,6 +64,7 @@ class EvalConfig:
     device: str = "cuda"
     policy: str = "strict"  # op policy: "strict" (CUDA Agent's: custom kernels, cuBLAS/cuDNN from C++) | "permissive"
     timing_mode: str = "strict"  # "strict" | "paper"
+    precision: str = "strict"  # "strict": fp32 with TF32 off for every party | "kernelbench": torch's defaults (cuDNN TF32 on)
     n_checks: int = 5
     atol: float = 1e-2
     rtol: float = 1e-2
@@ -71,7 +74,7 @@ class EvalConfig:
     timeout_s: float = 60.0  # per call of the candidate
     build_timeout_s: float = 900.0  # import of the candidate, its extension build included
     memory_limit_gb: float = 32.0
-    lock_path: str | None = None  # GPU readers-writer lock shared by concurrent judges
+    lock_path: str | None = None  # an explicit lock file; None: the machine's lock for the device (gpulock.lock_dir)
     compile_threads: int | None = None  # inductor compile workers per judge (1 when judges run in parallel)
     seed: int | None = None  # None: a fresh secret per run (tests may fix it)
     min_reps: int = 10
@@ -93,6 +96,8 @@ class EvalConfig:
             raise ValueError(f"unknown timing mode {self.timing_mode!r} (choose strict or paper)")
         if self.timing_mode == "paper" and self.device == "cpu":
             raise ValueError("the paper timing mode sums CUDA kernel times: it needs --device cuda")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r} (choose from {', '.join(PRECISIONS)})")
         if self.n_checks < 2:
             raise ValueError("n_checks must be at least 2 (input-independence needs two input sets)")
 
@@ -162,7 +167,7 @@ def run_judge(request: dict, config: EvalConfig, stall_s: float | None = None) -
     """Run a judge; if it ran out of GPU memory beside other judges, run it again holding the GPU alone.
     stall_s (a judge of several tasks): kill it as soon as no task has finished for that long."""
     result = _run_judge_once(request, config, stall_s)
-    if config.lock_path and out_of_memory(result):
+    if config.device.startswith("cuda") and out_of_memory(result):
         result = _run_judge_once(dict(request, exclusive=True), config, stall_s)
     return result
 
@@ -215,8 +220,8 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
     timeout_s = config.judge_timeout_s
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
     # The judge writes its workdir, the build caches and (for the shared memory ledger) the lock folder.
-    lock_dir = [str(Path(config.lock_path).parent)] if config.lock_path else []
-    request = dict(request, workdir=workdir, writable=_cache_dirs() + lock_dir)
+    locks = str(Path(config.lock_path).parent) if config.lock_path else prepare_lock_dir(lock_dir())
+    request = dict(request, workdir=workdir, lock_dir=locks, writable=_cache_dirs() + [locks])
     request_path = os.path.join(workdir, "request.json")
     with open(request_path, "w") as f:
         json.dump(request, f)
@@ -262,7 +267,7 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
                        task: Task | None = None, t_compile_ms: float | None = None) -> Verdict:
     """Judge one candidate against one reference; always returns a Verdict."""
     meta = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "kb_version": task.kb_version} if task else {}
-    verdict = Verdict(status=Status.PASS, timing_mode=config.timing_mode, **meta)
+    verdict = Verdict(status=Status.PASS, timing_mode=config.timing_mode, precision=config.precision, **meta)
     try:
         validate_candidate(ref_code, candidate_code)
     except CandidateError as e:
@@ -274,9 +279,10 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
             verdict.status, verdict.flags = Status.REJECTED, flags
             verdict.reason = "static checks fired: " + ", ".join(flags)
             return verdict.finish()
+    config = with_timing_cpus(config)
     request = {"mode": "eval", "ref_code": ref_code, "candidate_code": candidate_code, "device": config.device,
                "policy": config.policy, "n_checks": config.n_checks, "atol": config.atol, "rtol": config.rtol,
-               "timing_mode": config.timing_mode, "time_candidate": config.time_candidate,
+               "timing_mode": config.timing_mode, "precision": config.precision, "time_candidate": config.time_candidate,
                "call_timeout_s": config.timeout_s, "init_timeout_s": config.build_timeout_s,
                "runner_memory_bytes": int(config.memory_limit_gb * 2**30), "lock_path": config.lock_path,
                "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
@@ -285,6 +291,19 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
                and t_compile_ms is None}
     result = run_judge(request, config)
     return verdict_from_result(result, verdict, t_compile_ms)
+
+
+def with_timing_cpus(config: EvalConfig) -> EvalConfig:
+    """On a GPU, the cores every judge of the machine shares out the same way (gpulock.timing_cpu_split):
+    a lone `eval one` times on its GPU's timing cores and works on the others, like a batch's judges."""
+    if config.timing_cpus is not None or not config.device.startswith("cuda"):
+        return config
+    import torch
+
+    from cudagym.eval.gpulock import timing_cpu_split
+
+    timing, work = timing_cpu_split(int(config.device.split(":")[1]), torch.cuda.device_count(), os.sched_getaffinity(0))
+    return replace(config, timing_cpus=timing, work_cpus=work)
 
 
 def verdict_from_result(result: dict, verdict: Verdict, t_compile_ms: float | None = None) -> Verdict:
@@ -306,7 +325,7 @@ def verdict_from_result(result: dict, verdict: Verdict, t_compile_ms: float | No
 
 def _reference_request(task: Task, mode: str, config: EvalConfig, compile_baseline: bool) -> dict:
     return {"mode": mode, "ref_code": task.code, "device": config.device, "n_checks": config.n_checks,
-            "atol": config.atol, "rtol": config.rtol, "timing_mode": config.timing_mode,
+            "atol": config.atol, "rtol": config.rtol, "timing_mode": config.timing_mode, "precision": config.precision,
             "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
             "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
             "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,

@@ -2,6 +2,11 @@
 shared memory budget so that judges waiting for the GPU cannot starve each other of its memory, and
 CPU cores kept for timing.
 
+The lock and the ledger are the machine's, not a run's: one pair of files per device in `lock_dir()`
+(a GPU named by its UUID), taken by every judge of every cudagym process on the host, whatever
+started it (`eval one`, `eval run`, baselines, the filter, an agent's verify or profile, a Ray
+worker). The CPU has a lock too: judges timing on the CPU take it alone.
+
 Correctness checks may share the GPU (`shared`); timing may not (`exclusive`). A turnstile lock
 makes a waiting timer block new readers, so timing is never starved by a stream of checks.
 
@@ -20,6 +25,38 @@ import json
 import os
 import time
 from typing import Callable, Iterable
+
+
+DEFAULT_LOCK_DIR = "/tmp/cudagym-locks"  # a fixed path, not $TMPDIR: every process of the machine must find it
+
+
+def lock_dir() -> str:
+    """The machine's folder of device locks: every cudagym caller (`eval one`, `eval run`, baselines,
+    the dataset filter, agent verify/profile, Ray workers of the host) takes its device's lock and
+    memory ledger from here, so concurrent callers never time together or run each other out of
+    memory. CUDAGYM_LOCK_DIR moves it (several machines sharing /tmp, tests)."""
+    return os.environ.get("CUDAGYM_LOCK_DIR") or DEFAULT_LOCK_DIR
+
+
+def prepare_lock_dir(path: str) -> str:
+    """Create the folder (shared by every user of the machine: sticky and world-writable, like /tmp)."""
+    os.makedirs(path, exist_ok=True)
+    try:
+        os.chmod(path, 0o1777)
+    except OSError:  # another user's folder: theirs to set
+        pass
+    return path
+
+
+def device_lock_path(folder: str, device: str) -> str:
+    """The lock file of a device, named by what it is, not by its index: a GPU by its UUID (Ray
+    workers and users with CUDA_VISIBLE_DEVICES number the same GPU differently), the CPU as `cpu`."""
+    if not device.startswith("cuda"):
+        return os.path.join(folder, "cpu.lock")
+    import torch
+
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    return os.path.join(folder, f"gpu-{uuid or torch.cuda.get_device_name(device).replace(' ', '_')}.lock")
 
 
 @contextlib.contextmanager
@@ -44,11 +81,20 @@ def gpu_lock(path: str | None, exclusive: bool):
 
 
 def _open(path: str) -> int:
-    """Open for locking; the driver creates the files before a sandboxed judge (read-only FS) needs them."""
+    """Open for locking (flock needs no write access); created world-readable-writable when missing."""
     try:
         return os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        _share(path)
+        return fd
+
+
+def _share(path: str) -> None:
+    try:
+        os.chmod(path, 0o666)  # the umask would keep other users' judges out
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager
@@ -90,7 +136,8 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
 
 @contextlib.contextmanager
 def _locked_ledger(path: str):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    _share(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.read(fd, 1 << 20)

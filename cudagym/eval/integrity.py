@@ -23,14 +23,22 @@ def _watched():
     import time
 
     import torch
+    import torch.autograd.profiler
+    import torch.autograd.profiler_util as profiler_util
     import torch.nn.functional as F
+    import torch.profiler
 
     modules = {"torch": torch, "torch.nn.functional": F, "torch.cuda": torch.cuda, "torch.testing": torch.testing,
                "torch.autograd": torch.autograd, "time": time, "builtins": builtins, "math": math, "gc": gc,
-               "torch.backends.cudnn": torch.backends.cudnn}
+               "torch.backends.cudnn": torch.backends.cudnn,
+               # the paper timing mode reads the profiler's events in the candidate's process
+               "torch.profiler": torch.profiler, "torch.autograd.profiler": torch.autograd.profiler,
+               "torch.autograd.profiler_util": profiler_util}
     modules.update({name: mod for name, mod in sys.modules.items() if name.startswith("cudagym.eval") and mod})
     classes = {"torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module, "torch.cuda.Event": torch.cuda.Event,
-               "torch.cuda.Stream": torch.cuda.Stream, "torch.nn.Parameter": torch.nn.Parameter}
+               "torch.cuda.Stream": torch.cuda.Stream, "torch.nn.Parameter": torch.nn.Parameter,
+               "torch.profiler.profile": torch.profiler.profile, "profiler_util.FunctionEvent": profiler_util.FunctionEvent,
+               "profiler_util.EventList": profiler_util.EventList, "profiler_util.Interval": profiler_util.Interval}
     return modules, classes
 
 
@@ -73,6 +81,14 @@ def thread_ids() -> tuple[frozenset, frozenset]:
     return frozenset(sys._current_frames()), os_threads
 
 
+def _thread_name(tid: str) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 @dataclass
 class Snapshot:
     objects: dict = field(default_factory=dict)  # (owner, attr) -> object (a strong ref keeps ids unique)
@@ -91,6 +107,10 @@ class Snapshot:
             for attr, value in list(vars(klass).items()):
                 objects[(owner, attr)] = value
         return cls(objects, _settings(), thread_ids())
+
+    def allow_threads(self, os_thread_ids) -> None:
+        """Threads the harness itself started after the snapshot (the profiler's) are not new."""
+        self.threads = (self.threads[0], self.threads[1] | frozenset(os_thread_ids))
 
     def changes(self) -> dict[str, list[str]]:
         """Flag name -> details of what differs from now."""
@@ -116,7 +136,8 @@ class Snapshot:
         py_now, os_now = thread_ids()
         new_threads = (py_now - self.threads[0]) | (os_now - self.threads[1])
         if new_threads:
-            flags["background_thread"] = [f"{len(new_threads)} new thread(s)"]
+            names = sorted({_thread_name(t) for t in os_now - self.threads[1]} - {""})
+            flags["background_thread"] = [f"{len(new_threads)} new thread(s)" + (f": {', '.join(names)}"[:200] if names else "")]
         return flags
 
 

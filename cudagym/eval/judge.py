@@ -29,6 +29,7 @@ import pickle
 import random
 import secrets
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,10 +41,11 @@ from dataclasses import dataclass
 import torch
 
 from cudagym.eval import checks
-from cudagym.eval.gpulock import gpu_lock, memory_reservation, on_cpus
+from cudagym.eval.gpulock import device_lock_path, gpu_lock, memory_reservation, on_cpus
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
-from cudagym.eval.timing import Timer, adaptive_reps, profiler_kernel_ms, summarize
+from cudagym.eval.timing import (PAPER_REPS, Timer, adaptive_reps, process_cpu_clock, profiler_kernel_ms, summarize,
+                                 tamper_evidence, time_floors)
 from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
 
 TIMING_INPUT_BUDGET_BYTES = 4 * 2**30  # rotated timing input sets share this much memory
@@ -80,7 +82,9 @@ class Request:
     init_timeout_s: float = 600.0  # includes building the candidate's extension
     runner_memory_bytes: int = 32 * 2**30
     gpu_memory_fraction: float | None = None
-    lock_path: str | None = None
+    lock_path: str | None = None  # explicit lock file; else the device's file in lock_dir (gpulock.device_lock_path)
+    lock_dir: str | None = None
+    precision: str = "strict"  # runner.set_fp32_precision
     exclusive: bool = False  # hold the GPU alone throughout (a retry after running out of memory beside others)
     writable: tuple = ()
     min_reps: int = 10
@@ -125,6 +129,67 @@ def widened(inputs: list, seed: int) -> list:
         else:
             out.append(x)
     return out
+
+
+# Region checks (Evaluation.region_check): input sets with one secret region amplified.
+REGION_CHECKS = 2
+REGION_SCALES = (2.0, 8.0, 64.0, 512.0, 4096.0, 32768.0)  # tried in turn; the first that moves the output is used
+REGION_MIN_CHANGE = 0.02  # the output must move by this much (rel. L2), far above fp32 noise
+REGION_CHANGE_TOL = 0.25  # the candidate's change of output must match the reference's this well (rel. L2)
+REGION_FP64_TOL = 1e-3  # the amplified set is kept only where fp32 reference and float64 agree this well
+
+
+def find_region(model, inputs: list, rng: random.Random, model64=None):
+    """A region of one input (a single element, else a slab: one index along one dim) whose
+    amplification moves the reference's output by REGION_MIN_CHANGE while it stays finite and well
+    conditioned (fp32 and float64 references agree). Returns (description, a context manager that
+    amplifies it in place, reference outputs on the plain and on the amplified inputs), or None."""
+    candidates = [(i, x) for i, x in enumerate(inputs)
+                  if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1 and bool(x.ne(0).any())]
+    if not candidates:
+        return None
+    ref_base = run_reference(model, inputs)
+    if not all(r.is_floating_point() for r in ref_base) or checks.non_finite(ref_base):
+        return None
+    weights = [x.numel() for _, x in candidates]
+    i, x = rng.choices(candidates, weights=weights)[0]  # mostly the big tensor: the one a kernel would sample
+    element = tuple(rng.randrange(n) for n in x.shape)
+    dims = [d for d in range(x.dim()) if x.shape[d] > 1]
+    dim = rng.choice(dims) if dims else 0
+    slab = tuple(slice(None) if d != dim else element[d] for d in range(x.dim()))
+    regions = [(f"input {i}{list(element)}", element), (f"input {i}[index {element[dim]} of dim {dim}]", slab)]
+    for label, index in regions:
+        for scale in REGION_SCALES:
+            amplify = _amplifier(x, index, scale)
+            try:
+                with amplify():
+                    ref_amp = run_reference(model, inputs)
+                    if checks.non_finite(ref_amp):
+                        break
+                    if checks.rel_l2(ref_amp, ref_base) < REGION_MIN_CHANGE:
+                        continue
+                    ref64 = reference_fp64(model64(), inputs) if model64 is not None else None
+            except Exception:  # undefined there (an index out of range, a failed factorisation), or an
+                break          # input whose elements share memory (an expanded tensor) cannot be written
+            if ref64 is not None and checks.rel_l2(ref_amp, ref64) > REGION_FP64_TOL:
+                break  # ill-conditioned at this amplitude: an honest fp32 kernel could not be held to it
+            return f"{label} x{scale:g}", amplify, ref_base, ref_amp
+    return None
+
+
+def _amplifier(x: torch.Tensor, index, scale: float):
+    """A context manager that multiplies x[index] by scale in place (zeros become scale x mean |x|,
+    keeping the sign of the domain) and restores it afterwards."""
+    @contextlib.contextmanager
+    def amplify():
+        saved = x[index].clone()
+        typical = float(x.abs().mean(dtype=torch.float64)) or 1.0
+        x[index] = torch.where(saved == 0, torch.full_like(saved, typical), saved) * scale
+        try:
+            yield
+        finally:
+            x[index] = saved
+    return amplify
 
 
 def nbytes(items) -> int:
@@ -356,6 +421,37 @@ class Evaluation:
                 self.check_precision(*(wide if usable else (inputs, ref, outs)))
             other_ref = ref
             del inputs, outs, wide
+        for j in range(REGION_CHECKS):
+            self.region_check(runner, j)
+
+    def region_check(self, runner: RunnerProcess, j: int) -> None:
+        """An input set in which one secret region is amplified until the reference's output moves:
+        a candidate that reads only part of its input (a loss estimated from sampled rows, every k-th
+        element, an early exit) misses it or overweights it. i.i.d. inputs let such an estimate pass at
+        1e-2; here it must also follow the change: its outputs' change between the plain and the
+        amplified set must match the reference's (relative L2 within REGION_CHANGE_TOL)."""
+        base = make_inputs(self.ref, self.new_seed(), self.req.device)
+        found = find_region(self.model, base, self.rng, self.model64)
+        if found is None:  # no region of any input moves the output at the tolerance: nothing to test
+            self.info.setdefault("region_checks", []).append("skipped: no region moves the output")
+            return
+        where, amplify, ref_base, ref_amp = found
+        self.info.setdefault("region_checks", []).append(where)
+        outs_base, mutated = self.call_candidate(runner, base, ref_base, guard=False)
+        reason = checks.compare(outs_base, ref_base, self.tol)
+        if reason:
+            raise CandidateFailed("incorrect", f"region check {j}: {reason}")
+        with amplify():
+            outs_amp, _ = self.call_candidate(runner, base, ref_amp, guard=False)
+        reason = checks.compare(outs_amp, ref_amp, self.tol)
+        if reason:
+            raise CandidateFailed("incorrect", f"region check {j} ({where}): {reason}")
+        change_ref = [a - b for a, b in zip(ref_amp, ref_base) if a.is_floating_point()]
+        change = [a - b for a, b, r in zip(outs_amp, outs_base, ref_base) if r.is_floating_point()]
+        err = checks.rel_l2(change, change_ref)
+        if err > REGION_CHANGE_TOL:
+            raise CandidateFailed("incorrect", f"region check {j} ({where}): the output does not follow the change "
+                                               f"(rel. L2 error of the change {err:.2g}); does it read all of its input?")
 
     def widened_call(self, runner: RunnerProcess, inputs: list):
         """(inputs, reference, candidate outputs) on the widened domain; None where the reference
@@ -402,53 +498,95 @@ class Evaluation:
         """Candidate (runner) and eager reference (here), rep by rep, same input rotation."""
         timer = Timer(self.req.device)
         runner.request(self.req.call_timeout_s, op="set_timing_inputs", sets=sets)
+        buffers = self.output_buffers(refs[0], runner)
         if self.req.timing_mode == "paper":
-            ms = reply_ms(runner.request(self.req.call_timeout_s, op="paper"))
-            eager = profiler_kernel_ms(lambda: self.model(*sets[0])) if runner.cuda else None
-            return {"t_candidate_ms": ms, "t_eager_ms": eager, "timing": {"reps": 10}}
+            return self.time_candidate_paper(runner, sets, refs, buffers)
         # Every rep hands its output over in the same round trip, into buffers poisoned with NaN
         # (CUDA) or by value (CPU), and every one is checked: a candidate that is correct only while
         # checked has no unchecked call to cheat in.
-        buffers = self.output_buffers(refs[0], runner)
-        empty = []
-        for i in range(5):
-            slot, content = rep_layout(i, len(sets))
-            t0 = time.perf_counter()
-            runner.request(self.req.call_timeout_s, op="empty_rep", slot=slot, content=content, buffers=buffers,
-                           like=buffers or refs[0])
-            if not runner.cuda:
-                runner.receive_outputs(self.req.call_timeout_s)
-            empty.append((time.perf_counter() - t0) * 1e3)
-        eager_times, walls = [], []
+        clock = RepClock(runner)
+        empty: list[tuple[float, float | None]] = []
+        reps: list[tuple[float, float | None]] = []  # (wall ms, CPU ms of the candidate's process) per rep
+        self.empty_rep(runner, buffers, refs, 0, len(sets), clock)  # a first, cold one: not a yardstick
+        for i in range(3):
+            empty.append(self.empty_rep(runner, buffers, refs, i, len(sets), clock))
+        eager_times = []
 
         def rep(i: int) -> float:
-            slot, content = rep_layout(i, len(sets))
-            self.poison(buffers)
-            t0 = time.perf_counter()
-            reply = runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content, buffers=buffers)
-            outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
-            walls.append((time.perf_counter() - t0) * 1e3)
-            ms = reply_ms(reply)
-            self.check_timed_output(outs, refs[content], i)
+            if i % 5 == 4:  # empty reps throughout, so a change of load meets both kinds alike
+                empty.append(self.empty_rep(runner, buffers, refs, i, len(sets), clock))
+            ms, measured = self.timed_rep(runner, buffers, refs, i, len(sets), clock)
+            reps.append(measured)
             if self.req.eager_baseline:
                 with torch.no_grad():
                     timer.flush()
-                    eager_times.append(timer.time_ms(lambda: self.model(*sets[content]))[0])
+                    eager_times.append(timer.time_ms(lambda: self.model(*sets[rep_layout(i, len(sets))[1]]))[0])
             return ms
 
         times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
+        evidence = clock.evidence(times, reps, empty)
+        self.info["time_floors_ms"] = dict(clock.floors, cpus=clock.n_cpus)  # the judge's own bounds on a rep
+        if evidence:
+            # One sign is not proof: a rep that waited on a busy machine looks like one. Measure again,
+            # empty and timed reps in turn, and flag only what is still there.
+            again, again_reps, again_empty = [], [], []
+            for j in range(10):
+                again_empty.append(self.empty_rep(runner, buffers, refs, j, len(sets), clock))
+                ms, measured = self.timed_rep(runner, buffers, refs, j, len(sets), clock)
+                again.append(ms)
+                again_reps.append(measured)
+            confirmed = clock.evidence(again, again_reps, again_empty)
+            self.info["timer_check"] = {"first": evidence, "again": confirmed}
+            if confirmed:
+                self.add_flags({"timer_tamper": [confirmed]})
         stats = summarize(times)
-        # The runner's clock is the candidate's to tamper with; the judge's wall clock is not. A rep
-        # can't take less than its wall time minus the cost of an empty rep, give or take jitter.
-        wall_floor = sorted(walls)[len(walls) // 2] - sorted(empty)[len(empty) // 2]
-        if stats["median_ms"] < 0.5 * wall_floor - 0.2:
-            self.add_flags({"timer_tamper": [f"reported {stats['median_ms']:.3f} ms, wall clock says >= {wall_floor:.3f} ms"]})
         stats["timed_outputs_checked"] = len(times)
         result = {"t_candidate_ms": stats["median_ms"], "timing": stats}
         if eager_times:
             result["t_eager_ms"] = summarize(eager_times)["median_ms"]
             result["timing"]["eager_iqr_ms"] = summarize(eager_times)["iqr_ms"]
         return result
+
+    def empty_rep(self, runner: RunnerProcess, buffers, refs, i: int, n_sets: int, clock: "RepClock"):
+        """A rep without the call (same input load, flush and hand-over): the yardstick of timed reps."""
+        slot, content = rep_layout(i, n_sets)
+        with clock.measure() as measured:
+            runner.request(self.req.call_timeout_s, op="empty_rep", slot=slot, content=content, buffers=buffers,
+                           like=[(list(r.shape), str(r.dtype).replace("torch.", "")) for r in refs[0]])
+            if not runner.cuda:
+                runner.receive_outputs(self.req.call_timeout_s)
+        return measured.value
+
+    def timed_rep(self, runner: RunnerProcess, buffers, refs, i: int, n_sets: int, clock: "RepClock"):
+        """One timed call: (the time the candidate's process reported, (wall ms, CPU ms)); its output is checked."""
+        slot, content = rep_layout(i, n_sets)
+        self.poison(buffers)
+        with clock.measure() as measured:
+            reply = runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content, buffers=buffers)
+            outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
+        ms = reply_ms(reply)
+        self.check_timed_output(outs, refs[content], i)
+        return ms, measured.value
+
+    def time_candidate_paper(self, runner: RunnerProcess, sets, refs, buffers) -> dict:
+        """CUDA Agent's method (profiler kernel time, 5 warm-up + 10 calls, no flush) for candidate and
+        eager, and the harness's guarantees kept: the outputs of the timed calls are checked."""
+        reply = runner.request(self.req.call_timeout_s, op="paper")
+        self.add_flags(reply.get("flags"))
+        ms = reply_ms(reply)
+        kept = reply.get("kept")
+        if isinstance(kept, bool) or not isinstance(kept, int) or not 1 <= kept <= PAPER_REPS:
+            raise CandidateFailed("rejected", "malformed reply from the candidate's process during 'paper'",
+                                  {"protocol_tamper": ["kept"]})
+        for i in range(kept):
+            self.poison(buffers)
+            runner.request(self.req.call_timeout_s, op="paper_output", index=i, buffers=buffers)
+            outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
+            self.check_timed_output(outs, refs[0], i)
+        with torch.no_grad():
+            eager = profiler_kernel_ms(lambda: self.model(*sets[0]), reps=PAPER_REPS) if runner.cuda else None
+        return {"t_candidate_ms": ms, "t_eager_ms": eager,
+                "timing": {"reps": PAPER_REPS, "timed_outputs_checked": kept}}
 
     @staticmethod
     def output_buffers(ref: list[torch.Tensor], runner: RunnerProcess) -> list[torch.Tensor] | None:
@@ -490,6 +628,39 @@ def rep_layout(i: int, n_sets: int) -> tuple[int, int]:
     """(slot, input set) of timed rep i: two buffers, and each one's contents change between its uses."""
     slot = i % 2
     return slot, (i // 2 + slot) % n_sets
+
+
+class RepClock:
+    """The judge's own clocks around a rep: its wall clock, and the CPU time the candidate's process
+    used (the kernel's per-process clock, which the candidate cannot change)."""
+
+    def __init__(self, runner: RunnerProcess):
+        self.cpu = process_cpu_clock(runner.proc.pid)
+        try:
+            self.n_cpus = len(os.sched_getaffinity(runner.proc.pid))
+        except OSError:
+            self.n_cpus = os.cpu_count() or 1
+
+    @contextlib.contextmanager
+    def measure(self):
+        measured = types.SimpleNamespace(value=None)
+        c0 = self.cpu() if self.cpu else None
+        t0 = time.perf_counter()
+        yield measured
+        wall = (time.perf_counter() - t0) * 1e3
+        measured.value = (wall, (self.cpu() - c0) * 1e3 if self.cpu else None)
+
+    def evidence(self, reported: list[float], reps: list, empty: list) -> str | None:
+        args = self.series(reps, empty)
+        self.floors = {name: round(ms, 4) for name, ms in zip(("wall", "cpu"), time_floors(*args, self.n_cpus))}
+        return tamper_evidence(reported, *args, self.n_cpus)
+
+    def series(self, reps: list, empty: list) -> tuple:
+        """(rep walls, empty walls, rep CPU times, empty CPU times); the CPU ones None where unread."""
+        cpu = [c for _, c in reps if c is not None]
+        empty_cpu = [c for _, c in empty if c is not None]
+        return ([w for w, _ in reps], [w for w, _ in empty], cpu if cpu and len(cpu) == len(reps) else None,
+                empty_cpu if empty_cpu and len(empty_cpu) == len(empty) else None)
 
 
 def reply_ms(reply: dict) -> float:
@@ -546,10 +717,12 @@ def environment(device: str) -> dict:
 
 def evaluate(req: Request) -> dict:
     """Verdict fields for a candidate (mode eval), baseline times (mode baseline) or accepted probes (audit)."""
-    set_fp32_precision()
+    set_fp32_precision(req.precision)
     if req.device.startswith("cuda"):
         torch.cuda.set_device(req.device)
-    result: dict = {"env": environment(req.device), "timing_mode": req.timing_mode}
+    if req.lock_path is None and req.lock_dir:  # the machine's lock of this device, whoever started the judge
+        req.lock_path = device_lock_path(req.lock_dir, req.device)
+    result: dict = {"env": environment(req.device), "timing_mode": req.timing_mode, "precision": req.precision}
     if req.mode == "warm":  # compile only, to fill the shared caches; nothing is timed
         ev = Evaluation(req)
         with ev.reservation(), gpu_lock(req.lock_path, exclusive=req.exclusive):
@@ -585,7 +758,8 @@ def evaluate(req: Request) -> dict:
     try:
         # Importing the candidate builds its extension: CPU work, outside the GPU lock.
         reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, device=req.device,
-                               policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)))
+                               policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)),
+                               timing_mode=req.timing_mode, precision=req.precision)
         result["env"]["sandbox"] = reply.get("sandbox")
         ev.add_flags(reply.get("flags"))
         phase_s["load"], t0 = time.perf_counter() - t0, time.perf_counter()
@@ -632,24 +806,74 @@ def evaluate(req: Request) -> dict:
 
 
 def audit(ev: Evaluation) -> dict:
-    """Which degenerate probes this problem's check accepts, on every one of n_checks (>= 2) input
-    sets; and the random ops its reference runs (a stochastic reference has no one right answer)."""
+    """What this problem's check can tell apart, on every one of n_checks (>= 2) input sets:
+    - accepts: the degenerate probes the check accepts (`affine` only where the fit made on the
+      problem's own inputs fails on widened ones: a problem that is affine in its input is not
+      degenerate for it);
+    - near: the probes within rtol of the reference in relative L2 (an output that barely depends on
+      its input, or is nearly constant, makes a weak check even where no probe passes elementwise);
+    - input_sensitivity: the median relative L2 change of the output between input sets;
+    - stochastic_ops: the random ops the reference runs (it then has no one right answer);
+    - cost: FLOPs (torch's flop counter) and the bytes every input, weight and output occupy, for
+      speed-of-light figures."""
     req = ev.req
     ev.build_model()
-    accepted_all, other_ref, stochastic = set(checks.PROBES), None, []
-    for i in range(max(2, req.n_checks)):
+    n_sets = max(2, req.n_checks)
+    accepted_all, near_all, other_ref, stochastic, changes = set(checks.PROBES), set(checks.PROBES), None, [], []
+    cost = None
+    for i in range(n_sets):
         inputs = make_inputs(ev.ref, ev.new_seed(), req.device)
         if i == 0:
             ref, ops = reference_with_ops(ev.model, inputs)
             stochastic = sorted(set(ops) & STOCHASTIC_OPS)
+            cost = problem_cost(ev.model, inputs, ref)
         else:
             ref = run_reference(ev.model, inputs)
+            changes.append(checks.rel_l2(ref, other_ref))
         accepted = set(checks.accepted_probes(ref, inputs, other_ref, ev.tol))
+        near = {name for name, fn in checks.PROBES.items()
+                if (out := fn(ref, inputs, other_ref)) is not None and checks.structure_mismatch(out, ref) is None
+                and checks.rel_l2(out, ref) <= ev.tol.rtol}
+        if "affine" in accepted and affine_holds_widened(ev, ref, inputs):
+            accepted.discard("affine")
+            near.discard("affine")
         if other_ref is None:  # input_independent needs a second input set to be judged
             accepted.add("input_independent")
+            near.add("input_independent")
         accepted_all &= accepted
+        near_all &= near
         other_ref = ref
-    return {"accepts": sorted(accepted_all), "stochastic_ops": stochastic}
+    return {"accepts": sorted(accepted_all), "near": sorted(near_all - accepted_all),
+            "input_sensitivity": statistics.median(changes) if changes else None,
+            "stochastic_ops": stochastic, "cost": cost}
+
+
+def affine_holds_widened(ev: Evaluation, ref: list[torch.Tensor], inputs: list) -> bool:
+    """Whether the affine fit made on these inputs also matches the reference on widened inputs
+    (then the problem computes an affine function of its input: a real kernel does the same)."""
+    fits = checks.affine_fit(ref, inputs)
+    if fits is None:
+        return False
+    wide = widened(inputs, ev.new_seed())
+    wide_ref = run_reference(ev.model, wide)
+    return checks.compare(checks.apply_affine(fits, wide, wide_ref), wide_ref, ev.tol) is None
+
+
+def problem_cost(model, inputs: list, outputs: list[torch.Tensor]) -> dict:
+    """FLOPs of one forward (torch.utils.flop_counter: matmuls, convolutions, attention; None where it
+    fails) and the bytes its inputs, weights and outputs occupy (what any kernel must move once)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flops = None
+    try:
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(*clone_inputs(inputs))
+        flops = int(counter.get_total_flops())
+    except Exception:
+        pass
+    weights = list(model.parameters()) + list(model.buffers())
+    return {"flops": flops, "bytes": nbytes(inputs) + nbytes(weights) + nbytes(outputs)}
 
 
 def reference_with_ops(model, inputs: list) -> tuple[list[torch.Tensor], list[str]]:

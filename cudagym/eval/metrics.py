@@ -11,6 +11,16 @@ Without `expected` it is the problems the verdicts name. Per problem:
 - a correct problem without a speedup (not timed) counts as correct but not faster, as 1.0 in
   `geomean_all_*`, and is left out of `geomean_correct_*`;
 - `geomean_correct_*` is None when no correct problem has a speedup; every rate is None when n is 0.
+
+Degenerate problems: a problem whose (last) verdict has a truthy `degenerate` (the audit found that
+its check cannot tell a real kernel from a trivial one) is left out of the problem set, unless
+`include_degenerate`; a problem without a verdict is never known to be degenerate, so it stays in.
+Each metrics object M then adds `n_degenerate_excluded` (how many of its scope's problems were left
+out; 0 with `include_degenerate`) to the contract's keys, and `n` counts only the problems kept.
+A scope keeps its `levelL` key when all its problems were left out (n 0, rates None).
+
+Verdicts of several timing modes, or of several precisions (`precision`, "strict" when absent:
+fp32 with TF32 off, or "kernelbench": torch's defaults), are never mixed: ValueError, one line.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ class ProblemResult:
     correct: bool
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    degenerate: str | None = None  # why the problem's check cannot tell a real kernel from a trivial one
 
     def speedup(self, baseline: str) -> float | None:
         return getattr(self, f"speedup_vs_{baseline}")
@@ -43,9 +54,25 @@ def timing_mode_of(verdicts: list[dict]) -> str | None:
     return modes[0] if modes else None
 
 
-def problem_results(verdicts: list[dict], expected: list[tuple[int, int]] | None = None) -> list[ProblemResult]:
-    """One result per problem of the problem set (see the module docstring)."""
+def precision_of(verdicts: list[dict]) -> str | None:
+    """The one precision of the verdicts ("strict" where absent; None if no verdict); ValueError if several."""
+    precisions = sorted({v.get("precision") or "strict" for v in verdicts})
+    if len(precisions) > 1:
+        raise ValueError(f"verdicts mix precisions ({', '.join(precisions)});"
+                         " compute metrics for one precision at a time")
+    return precisions[0] if precisions else None
+
+
+def problem_results(verdicts: list[dict], expected: list[tuple[int, int]] | None = None,
+                    include_degenerate: bool = False) -> list[ProblemResult]:
+    """One result per problem of the problem set, degenerate problems left out unless include_degenerate."""
+    results = _all_results(verdicts, expected)
+    return results if include_degenerate else [r for r in results if not r.degenerate]
+
+
+def _all_results(verdicts: list[dict], expected: list[tuple[int, int]] | None) -> list[ProblemResult]:
     timing_mode_of(verdicts)
+    precision_of(verdicts)
     latest: dict[tuple, ProblemResult] = {}
     for row, v in enumerate(verdicts):
         result = _result(v)
@@ -59,8 +86,8 @@ def problem_results(verdicts: list[dict], expected: list[tuple[int, int]] | None
     return [latest.get(key) or ProblemResult(key[0], key[1], correct=False) for key in keys]
 
 
-def summarize(results: list[ProblemResult]) -> dict:
-    """The contract's metrics object M over a list of problem results."""
+def summarize(results: list[ProblemResult], n_degenerate_excluded: int = 0) -> dict:
+    """The contract's metrics object M over a list of problem results, plus `n_degenerate_excluded`."""
     n = len(results)
     correct = [r for r in results if r.correct]
     metrics = {"n": n, "pass_rate": _rate(len(correct), n)}
@@ -72,15 +99,26 @@ def summarize(results: list[ProblemResult]) -> dict:
         metrics[f"geomean_all_vs_{baseline}"] = _geomean([r.speedup(baseline) or 1.0 for r in results])
     for baseline in ("eager", "compile"):
         metrics[f"fast_p_vs_{baseline}"] = {p: _rate(_count_faster(correct, baseline, float(p)), n) for p in FAST_P}
+    metrics["n_degenerate_excluded"] = n_degenerate_excluded
     return metrics
 
 
-def compute_metrics(verdicts: list[dict], expected: list[tuple[int, int]] | None = None) -> dict:
-    """`{"overall": M, "level1": M, ...}`, a key per level of the problem set; ValueError on mixed timing modes."""
-    results = problem_results(verdicts, expected)
-    metrics = {"overall": summarize(results)}
+def compute_metrics(verdicts: list[dict], expected: list[tuple[int, int]] | None = None,
+                    include_degenerate: bool = False) -> dict:
+    """`{"overall": M, "level1": M, ...}`, a key per level of the problem set (degenerate problems included).
+
+    Degenerate problems are left out of every M unless include_degenerate (module docstring);
+    ValueError (one line) on mixed timing modes or precisions.
+    """
+    results = _all_results(verdicts, expected)
+
+    def scope(selected: list[ProblemResult]) -> dict:
+        kept = selected if include_degenerate else [r for r in selected if not r.degenerate]
+        return summarize(kept, n_degenerate_excluded=len(selected) - len(kept))
+
+    metrics = {"overall": scope(results)}
     for level in sorted({r.level for r in results if r.level is not None}):
-        metrics[f"level{level}"] = summarize([r for r in results if r.level == level])
+        metrics[f"level{level}"] = scope([r for r in results if r.level == level])
     return metrics
 
 
@@ -93,7 +131,16 @@ def _result(verdict: dict) -> ProblemResult:
         correct=correct,
         speedup_vs_eager=_speedup(verdict, "eager") if correct else None,
         speedup_vs_compile=_speedup(verdict, "compile") if correct else None,
+        degenerate=_degenerate(verdict),
     )
+
+
+def _degenerate(verdict: dict) -> str | None:
+    """The verdict's degenerate reason as one line ("degenerate" when it is truthy but not text); None if falsy."""
+    reason = verdict.get("degenerate")
+    if not reason:
+        return None
+    return " ".join(reason.split()) if isinstance(reason, str) and reason.strip() else "degenerate"
 
 
 def _speedup(verdict: dict, baseline: str) -> float | None:

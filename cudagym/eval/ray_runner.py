@@ -5,7 +5,8 @@ of the cluster at `address` (or of a local cluster it starts for the run). Ray s
 CUDA_VISIBLE_DEVICES, so its judges use cuda:0, which is that GPU. An actor runs `parallel` jobs at
 once on threads, each driving a sandboxed judge exactly as on one machine; a lock file per physical
 GPU keeps timing exclusive while the other judges build and compile on that host's cores
-(`gpulock`). Jobs are the batch module's (`Job`: a picklable callable of the `Worker`).
+(`gpulock`). Jobs are the batch module's (`Job`, in `cudagym.eval.pool`: a picklable callable of the
+`Worker`); this module imports `pool`, never `batch`.
 
 The calling thread stays the only DuckDB writer: it hands each job to the least busy worker and
 records each result as it arrives. A job whose worker died (process killed, host lost) goes to
@@ -28,9 +29,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.batch import DRAIN_S, Job, Worker, _batch_config, machine_env, progress_bar
 from cudagym.eval.evaluate import EvalConfig, stop_live_judges
 from cudagym.eval.gpulock import alive
+from cudagym.eval.pool import DRAIN_S, Job, Worker, batch_config, machine_env, progress_bar
 from cudagym.tasks.sandbox import kill_tree
 
 ATTEMPTS = 3  # runs of one job, over all workers, before it is given up
@@ -38,7 +39,7 @@ MAX_RESTARTS = 3  # restarts of one worker
 START_TIMEOUT_S = 600.0  # for the workers to start (a torch import each)
 REVIVE_TIMEOUT_S = 900.0  # with jobs left and every worker down, how long to wait for a restart
 RELEASE_TIMEOUT_S = 30.0  # after the pool closes, for Ray to free its GPUs
-OWNER = "CUDAGYM_GPU_WORKER"  # in a judge's environment: "pid:lock_path" of the worker that started it
+OWNER = "CUDAGYM_GPU_WORKER"  # in a judge's environment: "pid:tag" of the worker that started it (tag: its GPU)
 JUDGES = {b"cudagym.eval.judge", b"cudagym.eval.runner"}  # the modules judges and their runners run as
 
 
@@ -66,16 +67,20 @@ class GpuWorker:
         self.node_id = ray.get_runtime_context().get_node_id()
         device = "cuda:0" if config.device.startswith("cuda") else "cpu"
         lock_path = config.lock_path
-        if self.gpu is not None:  # per physical GPU, so a restarted worker and orphaned judges share it
-            kind = "cuda" if device != "cpu" else "fake"
-            lock_path = str(Path(tempfile.gettempdir()) / "cudagym-locks" / f"gpu-{kind}{self.gpu}.lock")
-            kill_orphaned_judges(lock_path)
-            os.environ[OWNER] = f"{os.getpid()}:{lock_path}"  # inherited by this worker's judges
+        if self.gpu is not None:
+            # A real GPU's judges take the machine-wide lock of that GPU (by UUID, gpulock.lock_dir), shared
+            # with every other cudagym process on the host; a fake GPU (tests: --device cpu) gets a file of
+            # its own. The tag names this GPU's judges, so a restarted worker finds its predecessor's.
+            tag = f"gpu-{'cuda' if device != 'cpu' else 'fake'}{self.gpu}"
+            if device == "cpu":
+                lock_path = str(Path(tempfile.gettempdir()) / "cudagym-locks" / f"{tag}.lock")
+            kill_orphaned_judges(tag)
+            os.environ[OWNER] = f"{os.getpid()}:{tag}"  # inherited by this worker's judges
         slots = _slots_on_node(self.node_id, "GPU" if self.gpu is not None else "CPU")
         threads = config.compile_threads or max(1, (os.cpu_count() or 1) // (slots * parallel))
         config = replace(config, device=device, lock_path=lock_path, compile_threads=threads)
         gpu_slot = (int(self.gpu) % slots, slots) if self.gpu is not None else None  # among the node's GPUs
-        self.worker = Worker(_batch_config(config, parallel, gpu_slot), machine_env(device))
+        self.worker = Worker(batch_config(config, parallel, gpu_slot), machine_env(device))
 
     def info(self) -> dict:
         return {"gpu": self.gpu, "node_id": self.node_id, "pid": os.getpid(), "env": self.worker.env,
@@ -91,10 +96,10 @@ class GpuWorker:
         stop_live_judges()
 
 
-def kill_orphaned_judges(lock_path: str) -> int:
+def kill_orphaned_judges(tag: str) -> int:
     """Kill the judges (and their runners) a dead worker left on this GPU: they run in their own
     sessions, so they outlive it, holding GPU memory and the lock. They are the processes whose
-    environment names this lock file and a worker that is gone (OWNER). Returns how many."""
+    environment names this GPU's tag and a worker that is gone (OWNER). Returns how many."""
     killed = 0
     for proc in Path("/proc").iterdir():
         try:
@@ -104,7 +109,7 @@ def kill_orphaned_judges(lock_path: str) -> int:
         except OSError:
             continue
         owner, _, path = env.get(OWNER.encode(), b"").decode(errors="replace").partition(":")
-        if path == lock_path and owner.isdigit() and not alive(int(owner)):
+        if path == tag and owner.isdigit() and not alive(int(owner)):
             kill_tree(int(proc.name))
             killed += 1
     return killed

@@ -54,7 +54,8 @@ class Runner:
                            trace=traceback.format_exc()[-2000:])
 
     # -- requests ---------------------------------------------------------------------------------
-    def op_load(self, code: str, device: str, policy: str, task_dtypes: list[str]) -> None:
+    def op_load(self, code: str, device: str, policy: str, task_dtypes: list[str], timing_mode: str = "strict",
+                precision: str = "strict") -> None:
         """Import the candidate (this builds its extension), after snapshotting everything it could tamper with."""
         import torch
 
@@ -65,10 +66,10 @@ class Runner:
         from cudagym.eval.timing import Timer
 
         self.device, self.policy, self.task_dtypes = device, policy, set(task_dtypes)
-        set_fp32_precision()
+        set_fp32_precision(precision)
         if device.startswith("cuda"):
             torch.cuda.set_device(device)
-        warm_up(device)
+        warm_up(device, profiler=timing_mode == "paper")
         self.timer = Timer(device)
         self.snapshot = Snapshot.take()
 
@@ -152,14 +153,20 @@ class Runner:
 
     def op_empty_rep(self, buffers: list | None, like: list, slot: int = 0, content: int = 0) -> None:
         """A rep with no call but the same input load, flush and hand-over of outputs shaped `like`
-        the real ones: the judge's wall-clock yardstick. (Loading GBs of inputs can take longer than
-        the call; a yardstick without it made honest calls on big inputs look too fast.)"""
+        (shapes and dtypes, never the reference's values): the judge's wall-clock and CPU-time
+        yardstick. (Loading GBs of inputs can take longer than the call; a yardstick without it made
+        honest calls on big inputs look too fast.) The stand-in outputs are made once, as a real
+        rep's outputs are made inside its timed call."""
         import torch
 
         self.load_slot(slot, content)
         self.timer.flush()
         ms, _ = self.timer.time_ms(lambda: None)
-        self._send_outputs([torch.zeros_like(t) for t in like], buffers, {}, ops=[], ms=ms)
+        key = repr(like)
+        if getattr(self, "_empty_key", None) != key:
+            self._empty_key = key
+            self._empty_outputs = [torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in like]
+        self._send_outputs(self._empty_outputs, buffers, {}, ops=[], ms=ms)
 
     def load_slot(self, slot: int, content: int) -> list:
         import torch
@@ -171,14 +178,31 @@ class Runner:
         return inputs
 
     def op_paper(self) -> None:
+        """The paper's timing (profiler kernel time, 5 warm-up + 10 calls on one input set, no flush).
+        The results of the timed calls are kept (as many as fit PAPER_KEEP_BYTES, the last ones) for
+        the judge to check one by one (`paper_output`). The profiler's own threads are told apart
+        from the candidate's (`profile_calls`) and no longer count as new."""
         import torch
 
-        from cudagym.eval.timing import profiler_kernel_ms
+        from cudagym.eval.checks import as_tensor_list
+        from cudagym.eval.integrity import thread_ids
+        from cudagym.eval.timing import PAPER_REPS, profile_calls
 
-        inputs = self.timing_slots[0]
+        inputs = self.load_slot(0, 0)
         with torch.no_grad():
-            ms = profiler_kernel_ms(lambda: self.model(*inputs))
-        self.reply(ok=True, ms=ms)
+            first = as_tensor_list(self.model(*inputs))
+            size = sum(t.numel() * t.element_size() for t in first)
+            del first
+            keep = max(1, min(PAPER_REPS, PAPER_KEEP_BYTES // max(1, size)))
+            ms, kept, profiler_threads = profile_calls(lambda: self.model(*inputs), keep=keep,
+                                                       census=lambda: thread_ids()[1])
+        self.snapshot.allow_threads(profiler_threads)
+        self.paper_outputs = kept
+        self.reply(ok=True, ms=ms, kept=len(kept), flags=self.snapshot.changes())
+
+    def op_paper_output(self, index: int, buffers: list | None) -> None:
+        """Hand over the result of timed call `index` of the last `paper` timing."""
+        self._send_outputs(self.paper_outputs[index], buffers, {}, ops=[])
 
     def op_integrity(self) -> None:
         self.reply(ok=True, flags=self.snapshot.changes())
@@ -223,17 +247,23 @@ def clone_inputs(inputs: list) -> list:
     return [x.clone() if hasattr(x, "clone") else x for x in inputs]
 
 
-def set_fp32_precision() -> None:
-    """TF32 and reduced-precision reductions off: fp32 means fp32 for reference, baselines and candidate."""
+PAPER_KEEP_BYTES = 2 * 2**30  # results of paper-timed calls kept for the judge to check
+
+
+def set_fp32_precision(precision: str = "strict") -> None:
+    """The precision every party (reference, baselines, candidate) computes fp32 in.
+    strict: TF32 and reduced-precision reductions off, fp32 means fp32. kernelbench: torch's own
+    defaults, as KernelBench's baseline loop leaves them (cuDNN convolutions in TF32, matmuls not)."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = precision == "kernelbench"
     torch.set_float32_matmul_precision("highest")
 
 
-def warm_up(device: str) -> None:
-    """Create the handles and thread pools torch makes lazily, so the thread snapshot includes them."""
+def warm_up(device: str, profiler: bool = False) -> None:
+    """Create the handles and thread pools torch makes lazily, so the thread snapshot includes them;
+    with `profiler` (paper timing), also the profiler's (CUPTI starts threads on first use)."""
     import torch
     import torch.nn.functional as F
 
@@ -250,6 +280,10 @@ def warm_up(device: str) -> None:
     torch.save([x[:1].clone()], io.BytesIO())
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+        if profiler:
+            from cudagym.eval.timing import profile_calls
+
+            profile_calls(lambda: torch.relu(x), warmup=1, reps=2)
 
 
 def main(argv: list[str]) -> int:

@@ -108,18 +108,99 @@ def summarize(times_ms: list[float]) -> dict:
     return {"median_ms": statistics.median(ordered), "iqr_ms": q3 - q1, "min_ms": ordered[0], "reps": len(ordered)}
 
 
-def profiler_kernel_ms(fn: Callable[[], object], warmup: int = 5, reps: int = 10) -> float:
+PAPER_WARMUP, PAPER_REPS = 5, 10  # CUDA Agent's utils/profiling.py
+
+
+def profiler_kernel_ms(fn: Callable[[], object], warmup: int = PAPER_WARMUP, reps: int = PAPER_REPS) -> float:
     """CUDA Agent's published method: profiler CUDA kernel time over all streams, per call."""
+    return profile_calls(fn, warmup, reps)[0]
+
+
+def profile_calls(fn: Callable[[], object], warmup: int = PAPER_WARMUP, reps: int = PAPER_REPS, keep: int = 0,
+                  census: Callable[[], frozenset] | None = None, device_type: str = "cuda") -> tuple[float, list, frozenset]:
+    """The paper's measurement, and what a judge needs to trust it: (kernel ms per call, the results
+    of the last `keep` timed calls, the threads the profiler itself started).
+
+    The profiler starts threads of its own (CUPTI, kineto) when a session begins and ends. Taken with
+    `census` (the process's thread ids) before the session, once it has begun, after the timed calls
+    and after it ended, they are the ones that appeared while no candidate code ran; a thread that
+    appeared during the calls is not the profiler's."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    census = census or (lambda: frozenset())
+    cuda = device_type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
+    sync()
+    kept: list = []
+    before = census()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        started = census()
+        for i in range(reps):
+            out = fn()
+            if i >= reps - keep:
+                kept.append(out)
+            del out
+        sync()
+        during = census()
+    after = census()
+    profiler_threads = (started - before) | (after - during)
     # Kernel events only (device type CUDA): the CPU-side op rows would count the same kernels again.
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total_us / 1e3 / reps
+    # (device_type "cpu" is for testing this function's logic without a GPU: it sums the CPU op rows.)
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == kind)
+    return total_us / 1e3 / reps, kept, profiler_threads
+
+
+# -- evidence of a tampered timer ------------------------------------------------------------------
+TAMPER_MARGIN_MS = 0.2  # jitter of a round trip between the judge and the candidate's process
+TAMPER_CPU_MARGIN_MS = 0.02  # jitter of the candidate process's own CPU time between reps (no scheduler in it)
+
+
+def process_cpu_clock(pid: int) -> Callable[[], float] | None:
+    """Seconds of CPU time process pid (all its threads) has used, read by the kernel's clock for that
+    process (clock_getcpuclockid): the process cannot change it, and time it spent waiting for a
+    core, however loaded the machine, is not in it. None where the kernel does not offer it."""
+    clock_id = ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+    try:
+        time.clock_gettime(clock_id)
+    except (OSError, OverflowError):
+        return None
+    return lambda: time.clock_gettime(clock_id)
+
+
+def time_floors(walls_ms: list[float], empty_walls_ms: list[float], cpu_ms: list[float] | None = None,
+                empty_cpu_ms: list[float] | None = None, n_cpus: int = 1) -> tuple[float, float]:
+    """(wall, CPU) lower bounds on a rep's real time, in ms (see tamper_evidence); 0 where unknown."""
+    wall_floor = min(walls_ms) - statistics.median(empty_walls_ms) if walls_ms and empty_walls_ms else 0.0
+    cpu_floor = 0.0
+    if cpu_ms and empty_cpu_ms:
+        cpu_floor = (statistics.median(cpu_ms) - statistics.median(empty_cpu_ms)) / max(1, n_cpus)
+    return wall_floor, cpu_floor
+
+
+def tamper_evidence(reported_ms: list[float], walls_ms: list[float], empty_walls_ms: list[float],
+                    cpu_ms: list[float] | None = None, empty_cpu_ms: list[float] | None = None,
+                    n_cpus: int = 1) -> str | None:
+    """Why the times the candidate's process reported are too small to be true, or None.
+
+    Two lower bounds on what a rep really took, neither of which the candidate can lower:
+    - wall: the judge's clock around the rep, less what a rep without the call costs. Waiting adds
+      to a wall time and never takes from it, so the least wall time of the reps is the one closest
+      to the truth, set against the typical empty rep: a loaded machine (a rep that waited for a core
+      or the GPU) weakens the bound, it never makes an honest kernel look too fast;
+    - CPU: the CPU time the candidate's process used in a rep, less an empty rep's, spread over every
+      core it may run on (its work cannot take less wall time than that). It does not grow while the
+      process waits, so load does not move it; on CUDA, waiting for the device spins and counts.
+    Times reported below half of either bound (less its jitter) are evidence."""
+    if not reported_ms or not walls_ms or not empty_walls_ms:
+        return None
+    reported = statistics.median(reported_ms)
+    wall_floor, cpu_floor = time_floors(walls_ms, empty_walls_ms, cpu_ms, empty_cpu_ms, n_cpus)
+    if reported < 0.5 * wall_floor - TAMPER_MARGIN_MS:
+        return f"reported {reported:.3f} ms, the wall clock says >= {wall_floor:.3f} ms"
+    if reported < 0.5 * cpu_floor - TAMPER_CPU_MARGIN_MS:
+        return f"reported {reported:.3f} ms, the CPU time over {n_cpus} core(s) says >= {cpu_floor:.3f} ms"
+    return None

@@ -33,6 +33,9 @@ class Verdict:
     speedup_vs_compile: float | None = None
     reward: int = -1
     timing_mode: str = "strict"
+    precision: str = "strict"  # "strict" (fp32, TF32 off for every party) | "kernelbench" (torch defaults: cuDNN TF32 on)
+    degenerate: str | None = None  # why the problem cannot tell a real kernel from a trivial one (the audit); None if it can
+    cost: dict | None = None  # the problem's {"flops", "bytes"} (the audit), for speed-of-light figures
     env: dict = field(default_factory=dict)
     timing: dict = field(default_factory=dict)  # candidate's rep statistics: iqr_ms, reps, ...
 

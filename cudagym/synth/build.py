@@ -32,11 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-import duckdb
-
 from cudagym.synth.compose import PAPER_K_DISTRIBUTION, ComposeConfig, ComposeStep, data_source_of, ops_from_code
 from cudagym.synth.filter import FilterConfig, FilterResult, run_filter
 from cudagym.tasks import Task, TaskError
+from cudagym.tasks.db import connect
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +122,7 @@ class BuildStore:
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = duckdb.connect(str(path))
-        except duckdb.Error as e:
-            raise TaskError(f"cannot open build store {path}: {str(e).splitlines()[0]}") from None
+        self.db = connect(path, "build store", option="--out")
         for statement in _SCHEMA:
             self.db.execute(statement)
 

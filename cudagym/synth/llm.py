@@ -327,13 +327,19 @@ class ResponseCache:
     def __init__(self, path: str | Path):
         import duckdb
 
+        from cudagym.tasks.db import connect, error_of
+
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._con = duckdb.connect(str(self.path))
-            self._con.execute(self._SCHEMA)
-        except (duckdb.Error, OSError) as e:
+        except OSError as e:
             raise ValueError(f"cannot open LLM cache {self.path}: {str(e).splitlines()[0]}") from None
+        self._con = connect(self.path, "LLM cache", option="--llm-cache")
+        try:
+            self._con.execute(self._SCHEMA)
+        except duckdb.Error as e:
+            self._con.close()
+            raise error_of(e, self.path, "LLM cache", "--llm-cache") from None
         self._lock = threading.Lock()
 
     def get(self, key: str) -> Answer | None:

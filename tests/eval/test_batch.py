@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from cudagym.eval.batch import strided, submission_files
@@ -139,3 +142,174 @@ def test_a_task_that_hangs_in_a_judge_of_several_times_out_after_its_own_budget_
     assert results[2]["accepts"] == []
     # one budget of stall, not the judge's three; the hung task not run again (another 20 s)
     assert time.monotonic() - t0 < 55
+
+
+# -- audits, precisions and timing modes of one submission ---------------------------------------------
+DEGENERATE = TASK.format(body="x * 1e-4", gen="randn")  # outputs so small that all zeros pass the tolerance
+CANDIDATE = "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return {body}\n"
+
+
+def _submission(root, files: dict[int, str]):
+    (root / "level1").mkdir(parents=True)
+    for problem_id, body in files.items():
+        (root / "level1" / f"{problem_id}_t.py").write_text(CANDIDATE.format(body=body))
+    return root
+
+
+def test_an_eval_run_audits_its_problems_first_and_marks_the_verdicts_of_degenerate_ones(tmp_path, monkeypatch):
+    """A problem whose check accepts all zeros is marked on its verdicts (the one with no file too),
+    from an audit row stored for the problem; a finished run starts nothing. (An honest problem, not
+    marked: the CLI test below.)"""
+    from cudagym.eval import batch
+    from cudagym.eval.store import Store
+
+    tasks = [task(1, code=DEGENERATE), task(3, code=TASK.format(body="x * 2e-4", gen="randn"))]
+    sub = _submission(tmp_path / "sub", {1: "x * 1e-4"})
+    config = EvalConfig(device="cpu", policy="permissive", n_checks=2, timeout_s=60, time_candidate=False)
+    with Store(tmp_path / "runs.duckdb") as store:
+        verdicts = {v.problem_id: v for v in batch.run_submission(sub, tasks, store, "mine", config)}
+        rows = {pid: json.loads(row) for pid, row in store.sql("SELECT problem_id, row FROM audits")}
+        keys = store.sql("SELECT device, precision, atol, rtol FROM audits")
+        stored = store.verdicts("mine")
+        monkeypatch.setattr(batch, "open_pool", _no_pool)
+        again = batch.run_submission(sub, tasks, store, "mine", config)  # finished: nothing runs, not even the audit
+    assert sorted(rows) == [1, 3] and set(keys) == {("cpu", "strict", 1e-2, 1e-2)}
+    assert "zeros" in rows[1]["accepts"] and "zeros" in rows[3]["accepts"]
+    assert verdicts[1].degenerate and "zeros" in verdicts[1].degenerate
+    assert verdicts[3].reason == batch.NO_FILE and verdicts[3].degenerate and "zeros" in verdicts[3].degenerate
+    assert verdicts[1].status.value == "pass", verdicts[1].reason  # exactly the reference: marked, not failed
+    for pid, verdict in verdicts.items():
+        assert verdict.degenerate == rows[pid]["degenerate"] and verdict.cost == rows[pid]["cost"]
+        assert set(rows[pid]) >= {"level", "problem_id", "name", "accepts", "stochastic", "near", "input_sensitivity",
+                                  "cost", "degenerate"}
+    assert {v["problem_id"]: v["degenerate"] for v in stored} == {pid: v.degenerate for pid, v in verdicts.items()}
+    assert [v.to_dict() for v in again] == [v for v in stored]
+
+
+def _no_pool(*args, **kwargs):
+    raise AssertionError("a pool was opened")
+
+
+def test_a_run_in_another_precision_keeps_its_own_verdicts_baselines_and_audits(tmp_path, monkeypatch):
+    """Judges are stand-ins here (what reaches them is the point): a kernelbench run of a submission
+    that has a strict run resumes from nothing of it, times against kernelbench baselines only, audits
+    for its own precision; an audit that failed is stored, marks nothing and is run again by the next audit."""
+    from dataclasses import replace
+
+    from cudagym.eval import batch
+    from cudagym.eval.store import Store
+    from cudagym.eval.verdict import Status, Verdict
+
+    tasks = [task(1, code=DEGENERATE), task(2, body="torch.tanh(x)"), task(3, code=CRASHING)]
+    sub = _submission(tmp_path / "sub", {1: "x * 1e-4", 3: "x"})  # 2 has no file
+    strict = EvalConfig(device="cpu", n_checks=2)
+    kernelbench = replace(strict, precision="kernelbench")
+    audited, judged = [], []
+
+    def fake_references(pool, shares, mode, on_result, description):
+        assert mode == "audit"
+        for share in shares:
+            for t in share:
+                audited.append((pool.worker.config.precision, t.problem_id))
+                found = {"status": "runtime_error", "reason": "judge died (SIGSEGV)"} if t.problem_id == 3 else {
+                    "accepts": ["zeros"] if t.problem_id == 1 else [], "stochastic_ops": [], "cost": {"flops": 4, "bytes": 8}}
+                on_result(t, pool.envs[0], found)
+
+    def fake_eval_job(t, code, baselines, worker):
+        judged.append((worker.config.precision, t.problem_id, sorted(b["t_compile_ms"] for b in baselines.values())))
+        return worker.env, Verdict(status=Status.PASS, level=t.level, problem_id=t.problem_id, name=t.name,
+                                   timing_mode=worker.config.timing_mode, precision=worker.config.precision).finish()
+
+    monkeypatch.setattr(batch, "run_references", fake_references)
+    monkeypatch.setattr(batch, "_eval_job", fake_eval_job)
+    env = batch.machine_env("cpu")
+    assert batch.baseline_key(tasks[0], env, "strict", "strict").dtype == "float32-notf32"
+    assert batch.baseline_key(tasks[0], env, "strict", "kernelbench").dtype == "float32-kernelbench"
+    with Store(tmp_path / "runs.duckdb") as store:
+        for precision, t_compile in (("strict", 1.0), ("kernelbench", 2.0)):
+            store.put_baseline(batch.baseline_key(tasks[0], env, "strict", precision), {"t_compile_ms": t_compile})
+        first = batch.run_submission(sub, tasks, store, "mine", strict)
+        second = batch.run_submission(sub, tasks, store, "mine", kernelbench)
+        third = batch.run_submission(sub, tasks, store, "mine", kernelbench)  # finished: nothing runs
+        rows = batch.run_audit(tasks, kernelbench, store=store)  # only the failed audit runs again
+        every = store.verdicts("mine")
+        audits = store.sql("SELECT precision, problem_id, row FROM audits ORDER BY ALL")
+    assert [v.precision for v in first] == ["strict"] * 3 and [v.precision for v in second] == ["kernelbench"] * 3
+    assert [v.to_dict() for v in third] == [v.to_dict() for v in second]
+    assert len(every) == 6 and {(v["precision"], v["problem_id"]) for v in every} == {
+        (p, i) for p in ("strict", "kernelbench") for i in (1, 2, 3)}
+    assert judged == [("strict", 1, [1.0]), ("strict", 3, []), ("kernelbench", 1, [2.0]), ("kernelbench", 3, [])]
+    assert audited == [("strict", 1), ("strict", 2), ("strict", 3), ("kernelbench", 1), ("kernelbench", 2),
+                       ("kernelbench", 3), ("kernelbench", 3)]
+    assert [(p, i) for p, i, _ in audits] == [("kernelbench", 1), ("kernelbench", 2), ("kernelbench", 3),
+                                              ("strict", 1), ("strict", 2), ("strict", 3)]
+    assert "SIGSEGV" in json.loads(audits[2][2])["error"] and "SIGSEGV" in rows[2]["error"]
+    assert [r["problem_id"] for r in rows] == [1, 2, 3] and rows[2]["degenerate"] is None
+    for run in (first, second):
+        by_id = {v.problem_id: v for v in run}
+        assert "zeros" in by_id[1].degenerate and by_id[1].cost == {"flops": 4, "bytes": 8}
+        assert by_id[2].reason == batch.NO_FILE and by_id[2].degenerate is None and by_id[2].cost == {"flops": 4, "bytes": 8}
+        assert by_id[3].degenerate is None and by_id[3].cost is None  # its audit failed: no mark
+
+
+def test_a_stored_audit_is_reused_for_the_same_code_under_another_name(tmp_path, monkeypatch):
+    """`run_audit` with a store: rows come back in task order with the task's own names; a second
+    audit of the same code (another task set) runs no judge."""
+    from cudagym.eval import batch
+    from cudagym.eval.store import Store
+
+    config = EvalConfig(device="cpu", n_checks=2, timeout_s=30)
+    with Store(tmp_path / "runs.duckdb") as store:
+        [row] = batch.run_audit([task(4, code=DEGENERATE)], config, store=store)
+        monkeypatch.setattr(batch, "run_references", _no_pool)
+        [again] = batch.run_audit([Task(id="x", name="9_same_code", code=DEGENERATE, level=2, problem_id=9)], config,
+                                  store=store)
+        with pytest.raises(AssertionError, match="a pool was opened"):  # a stricter tolerance is another audit
+            batch.run_audit([task(4, code=DEGENERATE)], EvalConfig(device="cpu", n_checks=2, atol=1e-6, rtol=1e-6),
+                            store=store)
+    assert "zeros" in row["accepts"] and "zeros" in row["degenerate"] and "error" not in row
+    assert again == {**row, "level": 2, "problem_id": 9, "name": "9_same_code"}
+
+
+def test_eval_run_and_audit_from_the_cli_share_audit_rows_and_keep_precisions_apart(tmp_path, monkeypatch, capsys):
+    """The real CLI on the bundled examples: `audit kernelbench --db` stores rows that a second audit
+    and `eval run` reuse; `eval run --precision kernelbench` beside a strict run of the same name."""
+    from cudagym.cli import _eval_config, build_parser, main
+    from cudagym.eval import batch
+    from cudagym.eval.store import Store
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    db = str(tmp_path / "runs.duckdb")
+    select = ["--problems", str(examples / "problems"), "--levels", "1", "--ids", "2-3", "--device", "cpu",
+              "--n-checks", "2", "--timeout", "30", "--db", db]
+    assert main(["audit", "kernelbench", "--json", *select]) == 0
+    out = capsys.readouterr().out
+    audit = json.loads(out)
+    assert [r["problem_id"] for r in audit] == [2, 3] and "passthrough" in audit[0]["accepts"]
+    assert "passthrough" in audit[0]["degenerate"] and audit[1]["degenerate"] is None
+    real = batch.run_references
+    monkeypatch.setattr(batch, "run_references", _no_pool)  # stored: no judge runs for the audit again
+    assert main(["audit", "kernelbench", "--json", *select]) == 0
+    assert capsys.readouterr().out == out
+    run = ["eval", "run", str(examples / "submission_cpu"), "--name", "mine", "--json", *select]
+    assert main(run) == 0  # the audit rows are reused here too
+    strict = {v["problem_id"]: v for v in map(json.loads, capsys.readouterr().out.splitlines())}
+    monkeypatch.setattr(batch, "run_references", real)
+    assert main([*run, "--precision", "kernelbench"]) == 0
+    kb = {v["problem_id"]: v for v in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert main([*run, "--precision", "fp16"]) == 1 and "unknown precision" in capsys.readouterr().err
+    for command in (["eval", "one", "--ref", "r.py", "--candidate", "c.py"], ["baseline", "run"], ["audit", "kernelbench"]):
+        args = build_parser().parse_args([*command, "--device", "cpu", "--precision", "kernelbench"])
+        assert _eval_config(args).precision == "kernelbench", command
+        assert _eval_config(build_parser().parse_args([*command, "--device", "cpu"])).precision == "strict"
+    for rows, precision in ((strict, "strict"), (kb, "kernelbench")):
+        assert {pid: v["precision"] for pid, v in rows.items()} == {2: precision, 3: precision}
+        assert rows[2]["status"] == "rejected" and "passthrough" in rows[2]["degenerate"]  # the example's reward hack
+        assert rows[3]["reason"] == batch.NO_FILE and rows[3]["degenerate"] is None
+    with Store(db) as store:
+        assert len(store.verdicts("mine")) == 4
+        assert sorted(store.sql("SELECT precision, count(*) FROM audits GROUP BY precision")) == [
+            ("kernelbench", 2), ("strict", 2)]
+        [s] = store.submissions()
+        assert [(r["timing_mode"], r["precision"], r["n"]) for r in s["runs"]] == [
+            ("strict", "strict", 2), ("strict", "kernelbench", 2)]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from cudagym.eval.metrics import compute_metrics, timing_mode_of
+from cudagym.eval.metrics import compute_metrics, precision_of, problem_results, timing_mode_of
 
+# the contract's keys of M, and the one key cudagym adds
 M_KEYS = {"n", "pass_rate", "faster_than_compile_rate", "faster_than_eager_rate", "geomean_correct_vs_compile",
           "geomean_all_vs_compile", "geomean_correct_vs_eager", "geomean_all_vs_eager", "fast_p_vs_eager",
           "fast_p_vs_compile"}
+ADDED_KEYS = {"n_degenerate_excluded"}
 P_KEYS = ["0", "0.5", "0.8", "1", "1.5", "2"]
 
 
@@ -40,8 +42,8 @@ EXPECTED = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2)]
 
 def test_overall_by_hand():
     m = compute_metrics(VERDICTS, EXPECTED)["overall"]
-    assert set(m) == M_KEYS
-    assert m["n"] == 6
+    assert set(m) == M_KEYS | ADDED_KEYS
+    assert m["n"] == 6 and m["n_degenerate_excluded"] == 0
     # correct: L1/1, L1/2, L2/1, L2/2 -> 4/6
     assert m["pass_rate"] == pytest.approx(4 / 6)
     # faster than compile (speedup > 1): only L1/1 (L2/1 is exactly 1.0) -> 1/6
@@ -158,3 +160,63 @@ def test_mixed_timing_modes_raise_one_line():
         compute_metrics(verdicts)
     assert "\n" not in str(info.value)
     assert timing_mode_of(verdicts[:1]) == "strict"
+
+
+ZEROS = "its check accepts zeros (atol=0.01, rtol=0.01)"
+
+
+def test_degenerate_problems_are_left_out_by_default_and_counted_on_request():
+    # L1/1 correct 4.0x; L1/2 degenerate and correct at 9.0x (a trivial kernel could score that);
+    # L1/3 degenerate and failed; L2/1 correct 1.0x; L2/2 missing (no verdict: never known degenerate)
+    verdicts = [verdict(1, 1, True, 4.0, 4.0), verdict(1, 2, True, 9.0, 9.0, degenerate=ZEROS),
+                verdict(1, 3, False, degenerate="passthrough"), verdict(2, 1, True, 1.0, 1.0)]
+    expected = [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
+    metrics = compute_metrics(verdicts, expected)
+    overall, l1, l2 = metrics["overall"], metrics["level1"], metrics["level2"]
+    # left out: L1/2, L1/3 -> n 3 (L1/1, L2/1, L2/2), correct L1/1 and L2/1 -> 2/3
+    assert overall["n"] == 3 and overall["n_degenerate_excluded"] == 2
+    assert overall["pass_rate"] == pytest.approx(2 / 3)
+    # geomean_all vs compile: 4.0 * 1.0 * 1 (missing) -> 4 ** (1/3); the 9x of L1/2 is not in it
+    assert overall["geomean_all_vs_compile"] == pytest.approx(4 ** (1 / 3))
+    assert l1["n"] == 1 and l1["n_degenerate_excluded"] == 2 and l1["pass_rate"] == 1.0
+    assert l2["n"] == 2 and l2["n_degenerate_excluded"] == 0
+    counted = compute_metrics(verdicts, expected, include_degenerate=True)
+    # all five: correct L1/1, L1/2, L2/1 -> 3/5; geomean_all (4 * 9 * 1 * 1 * 1) ** (1/5)
+    assert counted["overall"]["n"] == 5 and counted["overall"]["n_degenerate_excluded"] == 0
+    assert counted["overall"]["pass_rate"] == pytest.approx(3 / 5)
+    assert counted["overall"]["geomean_all_vs_compile"] == pytest.approx(36 ** (1 / 5))
+    assert counted["level1"]["n_degenerate_excluded"] == 0
+
+
+def test_a_level_of_only_degenerate_problems_keeps_its_key_with_n_zero():
+    metrics = compute_metrics([verdict(1, 1, True, 2.0, 2.0), verdict(3, 5, True, 2.0, 2.0, degenerate=ZEROS)])
+    assert list(metrics) == ["overall", "level1", "level3"]
+    assert metrics["level3"]["n"] == 0 and metrics["level3"]["n_degenerate_excluded"] == 1
+    assert metrics["level3"]["pass_rate"] is None
+    assert metrics["overall"]["n"] == 1 and metrics["overall"]["n_degenerate_excluded"] == 1
+
+
+def test_the_last_verdict_decides_whether_a_problem_is_degenerate():
+    # re-run after the audit changed its mind: the last verdict has no degenerate reason -> counted
+    verdicts = [verdict(1, 1, True, 2.0, 2.0, degenerate=ZEROS), verdict(1, 1, True, 2.0, 2.0, degenerate=None)]
+    assert compute_metrics(verdicts)["overall"]["n"] == 1
+    assert compute_metrics(verdicts[::-1])["overall"]["n"] == 0
+
+
+def test_problem_results_leave_out_degenerate_problems_unless_asked():
+    verdicts = [verdict(1, 1, True, 2.0, 2.0), verdict(1, 2, True, 2.0, 2.0, degenerate=ZEROS)]
+    assert [r.problem_id for r in problem_results(verdicts)] == [1]
+    results = problem_results(verdicts, include_degenerate=True)
+    assert [(r.problem_id, r.degenerate) for r in results] == [(1, None), (2, ZEROS)]
+
+
+def test_mixed_precisions_raise_one_line_and_missing_precision_is_strict():
+    strict, kb = verdict(1, 1, True, 2.0, 2.0), verdict(1, 2, True, 2.0, 2.0, precision="kernelbench")
+    with pytest.raises(ValueError, match="kernelbench, strict") as info:
+        compute_metrics([strict, kb])
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="precisions"):
+        problem_results([strict, kb], include_degenerate=True)
+    # no "precision" key counts as strict: together with an explicit strict verdict it is one precision
+    assert compute_metrics([strict, verdict(1, 2, True, 2.0, 2.0, precision="strict")])["overall"]["n"] == 2
+    assert precision_of([strict]) == "strict" and precision_of([kb]) == "kernelbench" and precision_of([]) is None

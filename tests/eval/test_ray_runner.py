@@ -157,6 +157,10 @@ def test_a_ray_run_resumes_what_the_store_lacks_and_a_finished_one_starts_no_wor
         second = created(store)
         assert {v.problem_id: v.status.value for v in verdicts} == {1: "runtime_error", 2: "pass", 3: "incorrect"}
         assert second[2] == first[2]  # the stored pass was not evaluated again
+        # the problems were audited on the workers first (the fake GPUs are the CPU), and marked from that
+        assert sorted(store.sql("SELECT problem_id, device FROM audits")) == [(1, "cpu"), (2, "cpu"), (3, "cpu")]
+        marks = {v.problem_id: v.degenerate for v in verdicts}
+        assert "passthrough" in marks[2] and marks[1] is None and marks[3] is None  # ReLU of torch.rand
 
         def no_workers(*args, **kwargs):
             raise AssertionError("a finished run started workers")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cudagym.eval.store import BaselineKey, Store, StoreError
+from cudagym.eval.store import AuditKey, BaselineKey, Store, StoreError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ def verdict(level: int, problem_id: int, status: str = "pass", kb_version: str |
     return {"level": level, "problem_id": problem_id, "name": f"{problem_id}_p", "kb_version": kb_version,
             "status": status, "correct": status == "pass", "reason": None, "flags": [],
             "t_candidate_ms": 1.0, "t_eager_ms": 2.0, "t_compile_ms": 1.5, "speedup_vs_eager": 2.0,
-            "speedup_vs_compile": 1.5, "reward": 3, "timing_mode": "strict",
+            "speedup_vs_compile": 1.5, "reward": 3, "timing_mode": "strict", "precision": "strict",
             "env": {"gpu": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0"}, **extra}
 
 
@@ -114,12 +114,140 @@ def test_add_submission_is_idempotent_and_merges_levels(db):
         assert (s["levels"], s["kb_version"]) == ([1], "latest")
 
 
-def test_submission_keeps_its_timing_mode(db):
+def test_a_submission_holds_several_timing_modes_and_precisions(db):
+    """`eval run SUB --name mine` and `... --timing-mode paper` (or `--precision kernelbench`) are runs of
+    one submission: each keeps its own verdict per problem, and readers can tell them apart."""
     with Store(db) as store:
-        store.add_submission("sub", "/subs/a", "strict")
-        with pytest.raises(StoreError, match="timing mode"):
-            store.add_submission("sub", "/subs/a", "paper")
-        assert store.submissions()[0]["timing_mode"] == "strict"
+        store.add_submission("mine", "/subs/a", "strict", levels=[1])
+        store.add_verdict("mine", verdict(1, 1, "pass"))
+        store.add_submission("mine", "/subs/a", "paper", levels=[1])  # no longer refused
+        store.add_verdict("mine", verdict(1, 1, "incorrect", timing_mode="paper"))
+        store.add_submission("mine", "/subs/a", "strict", levels=[1], precision="kernelbench")
+        store.add_verdict("mine", verdict(1, 1, "timeout", precision="kernelbench"))
+        store.add_verdict("mine", verdict(1, 2, "pass", precision="kernelbench"))
+        store.add_verdict("mine", verdict(1, 1, "pass", timing_mode="paper"))  # replaces paper's, only
+        every = store.verdicts("mine")
+        assert [(v["timing_mode"], v["precision"], v["problem_id"], v["status"]) for v in every] == [
+            ("strict", "strict", 1, "pass"), ("strict", "kernelbench", 1, "timeout"),
+            ("strict", "kernelbench", 2, "pass"), ("paper", "strict", 1, "pass")]
+        assert [v["status"] for v in store.verdicts("mine", timing_mode="paper")] == ["pass"]
+        assert len(store.verdicts("mine", precision="kernelbench")) == 2
+        assert store.verdicts("mine", timing_mode="paper", precision="kernelbench") == []
+        assert store.done_keys("mine", "strict", "strict") == {("v0.1", 1, 1)}
+        assert store.done_keys("mine") == {("v0.1", 1, 1), ("v0.1", 1, 2)}
+        [s] = store.submissions()
+        assert (s["timing_mode"], s["precision"]) == ("strict", "kernelbench")  # its latest run
+        assert s["runs"] == [{"timing_mode": "strict", "precision": "strict", "n": 1},
+                             {"timing_mode": "strict", "precision": "kernelbench", "n": 2},
+                             {"timing_mode": "paper", "precision": "strict", "n": 1}]
+
+
+# The schema of the first stores (before timing modes and precisions shared a submission), verbatim.
+OLD_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS submissions (
+        name VARCHAR PRIMARY KEY, path VARCHAR, timing_mode VARCHAR, levels INTEGER[], kb_version VARCHAR,
+        created TIMESTAMP)""",
+    """CREATE TABLE IF NOT EXISTS verdicts (
+        submission VARCHAR, kb_version VARCHAR, level INTEGER, problem_id INTEGER, name VARCHAR,
+        status VARCHAR, correct BOOLEAN, t_candidate_ms DOUBLE, t_eager_ms DOUBLE, t_compile_ms DOUBLE,
+        speedup_vs_eager DOUBLE, speedup_vs_compile DOUBLE, reward INTEGER, timing_mode VARCHAR,
+        verdict VARCHAR, created TIMESTAMP,
+        PRIMARY KEY (submission, kb_version, level, problem_id))""",
+    """CREATE TABLE IF NOT EXISTS baselines (
+        problem_sha256 VARCHAR, gpu VARCHAR, torch VARCHAR, cuda VARCHAR, dtype VARCHAR, timing_mode VARCHAR,
+        t_eager_ms DOUBLE, t_compile_ms DOUBLE, record VARCHAR, created TIMESTAMP,
+        PRIMARY KEY (problem_sha256, gpu, torch, cuda, dtype, timing_mode))""",
+)
+
+
+def _old_store(path: Path) -> list[dict]:
+    """A file as the first Store wrote it: two submissions (one in paper mode), three verdicts, a baseline."""
+    import json
+
+    import duckdb
+
+    old = [verdict(1, 1), verdict(1, 2, "incorrect"), verdict(2, 5, timing_mode="paper", kb_version=None)]
+    for v in old:
+        del v["precision"]  # the first verdicts had none
+    con = duckdb.connect(str(path))
+    for statement in OLD_SCHEMA:
+        con.execute(statement)
+    con.execute("INSERT INTO submissions VALUES ('a', '/subs/a', 'strict', [1], 'v0.1', current_timestamp),"
+                " ('b', '/subs/b', 'paper', [2], NULL, current_timestamp)")
+    for submission, v in zip("aab", old):
+        con.execute("INSERT INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)",
+                    [submission, v["kb_version"] or "", v["level"], v["problem_id"], v["name"], v["status"], v["correct"],
+                     v["t_candidate_ms"], v["t_eager_ms"], v["t_compile_ms"], v["speedup_vs_eager"],
+                     v["speedup_vs_compile"], v["reward"], v["timing_mode"], json.dumps(v)])
+    con.execute("INSERT INTO baselines VALUES ('ab', 'cpu', '2.13.0', '', 'float32-notf32', 'strict', 1.0, 2.0,"
+                " '{\"t_eager_ms\": 1.0}', current_timestamp)")
+    con.close()
+    return old
+
+
+def test_a_file_of_the_first_schema_is_migrated_in_place_without_losing_rows(db):
+    old = _old_store(db)
+    with Store(db) as store:
+        assert store.verdicts("a") == [dict(v, precision="strict") for v in old[:2]]
+        assert store.verdicts("b") == [dict(old[2], precision="strict")]
+        assert store.sql("SELECT submission, timing_mode, precision, problem_id FROM verdicts ORDER BY ALL") == [
+            ("a", "strict", "strict", 1), ("a", "strict", "strict", 2), ("b", "paper", "strict", 5)]
+        assert {s["name"]: (s["timing_mode"], s["precision"], s["levels"]) for s in store.submissions()} == {
+            "a": ("strict", "strict", [1]), "b": ("paper", "strict", [2])}
+        assert store.get_baseline(BaselineKey("ab", "cpu", "2.13.0", "", "float32-notf32", "strict")) == {"t_eager_ms": 1.0}
+        # new writes: another timing mode and precision of the same problem are rows of their own
+        store.add_submission("a", "/subs/a", "paper", levels=[1])
+        store.add_verdict("a", verdict(1, 1, "timeout", timing_mode="paper"))
+        store.add_verdict("a", verdict(1, 1, "pass", precision="kernelbench"))
+        store.add_verdict("a", verdict(1, 2, "pass"))  # replaces the migrated one
+        store.put_audit(AuditKey("ab", 1e-2, 1e-2, "cpu", "strict"), {"accepts": []})
+    with Store(db) as store:  # reopened: migrated once, nothing lost
+        assert [(v["timing_mode"], v["precision"], v["problem_id"], v["status"]) for v in store.verdicts("a")] == [
+            ("strict", "strict", 1, "pass"), ("strict", "strict", 2, "pass"), ("strict", "kernelbench", 1, "pass"),
+            ("paper", "strict", 1, "timeout")]
+        assert len(store.verdicts()) == 5
+        assert store.get_audit(AuditKey("ab", 1e-2, 1e-2, "cpu", "strict")) == {"accepts": []}
+
+
+def test_audits_round_trip_by_code_tolerance_device_and_precision(db):
+    key = AuditKey("cd" * 32, 1e-2, 1e-2, "cpu", "strict")
+    row = {"level": 1, "problem_id": 2, "name": "2_p", "accepts": ["zeros"], "stochastic": [], "near": ["zeros"],
+           "input_sensitivity": 0.5, "cost": {"flops": None, "bytes": 1024}, "degenerate": "its check accepts zeros"}
+    with Store(db) as store:
+        assert store.get_audit(key) is None
+        store.put_audit(key, row)
+        assert store.get_audit(key) == row
+        for other in (AuditKey("cd" * 32, 1e-4, 1e-4, "cpu", "strict"), AuditKey("cd" * 32, 1e-2, 1e-2, "NVIDIA H200", "strict"),
+                      AuditKey("cd" * 32, 1e-2, 1e-2, "cpu", "kernelbench"), AuditKey("ef" * 32, 1e-2, 1e-2, "cpu", "strict")):
+            assert store.get_audit(other) is None, other
+        store.put_audit(key, {**row, "accepts": []})
+    with Store(db) as store:
+        assert store.get_audit(key)["accepts"] == []
+        assert store.sql("SELECT level, problem_id, name FROM audits") == [(1, 2, "2_p")]
+
+
+def test_a_store_another_process_holds_gives_one_line_naming_the_lock(db, capsys):
+    from cudagym.cli import main
+    from cudagym.tasks.db import DatabaseLocked
+
+    holder = subprocess.Popen([sys.executable, "-c", f"from cudagym.eval.store import Store; s = Store({str(db)!r});"
+                               " print('open', flush=True); import time; time.sleep(60)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(DatabaseLocked) as info:
+            Store(db)
+        assert str(info.value) == (f"another process (PID {holder.pid}) holds {db} open (DuckDB allows one writer);"
+                                   " close it or use another --db")
+        assert isinstance(info.value, StoreError) and isinstance(info.value, ValueError)
+        argv = ["audit", "kernelbench", "--problems", str(REPO / "examples" / "problems"), "--device", "cpu",
+                "--db", str(db)]
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err == f"cudagym: error: {info.value}"
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_baselines_round_trip(db):

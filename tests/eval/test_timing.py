@@ -101,3 +101,47 @@ def test_timer_keeps_the_clock_it_was_built_with():
         time.perf_counter = original
     assert ms >= 5
     assert timing.time.perf_counter is original
+
+
+# -- paper mode: the profiler's threads are not the candidate's -----------------------------------
+def test_profile_calls_tells_the_profilers_threads_from_a_candidates():
+    """A call that leaves a thread running is not hidden by the profiler's own threads, and the
+    results of the last `keep` timed calls come back for checking (CPU profiler: the same logic as
+    the CUDA one the paper mode uses)."""
+    import threading
+
+    import torch
+
+    from cudagym.eval.integrity import Snapshot, thread_ids
+    from cudagym.eval.timing import profile_calls
+
+    snapshot = Snapshot.take()
+    stop = threading.Event()
+    calls = []
+
+    def fn():
+        calls.append(1)
+        if len(calls) == 7:  # a timed call (after 5 warm-ups) starts a thread that outlives it
+            threading.Thread(target=stop.wait, daemon=True).start()
+        return torch.full((4,), float(len(calls)))
+
+    try:
+        ms, kept, profiler_threads = profile_calls(fn, keep=3, census=lambda: thread_ids()[1], device_type="cpu")
+        snapshot.allow_threads(profiler_threads)
+        assert "background_thread" in snapshot.changes(), "the candidate's thread was taken for the profiler's"
+    finally:
+        stop.set()
+    assert [int(t[0]) for t in kept] == [13, 14, 15] and ms >= 0
+
+
+def test_the_profilers_own_threads_are_not_a_background_thread():
+    import torch
+
+    from cudagym.eval.integrity import Snapshot, thread_ids
+    from cudagym.eval.timing import profile_calls
+
+    snapshot = Snapshot.take()
+    _, kept, profiler_threads = profile_calls(lambda: torch.ones(3) * 2, keep=1, census=lambda: thread_ids()[1],
+                                              device_type="cpu")
+    snapshot.allow_threads(profiler_threads)
+    assert "background_thread" not in snapshot.changes() and len(kept) == 1

@@ -1,0 +1,152 @@
+"""Verdicts on a loaded machine: honest kernels pass and timer tampering is still caught while other
+processes keep every core busy, and every caller of the judge takes the machine's device lock.
+
+The timer-tamper hacks run with the static checks off, so what rejects them is the runtime
+evidence (`timing.tamper_evidence`): the judge's wall clock and the candidate process's CPU time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cudagym.eval.evaluate import EvalConfig, evaluate_candidate
+from cudagym.eval.gpulock import device_lock_path, gpu_lock, lock_dir, prepare_lock_dir
+from cudagym.eval.timing import TAMPER_CPU_MARGIN_MS, TAMPER_MARGIN_MS, tamper_evidence
+from cudagym.eval.verdict import Status
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REPO = FIXTURES.parents[1]
+# Every CPU honest control (before the evidence was made load-proof, conv_small_functional was
+# flagged timer_tamper on a busy CI machine).
+HONEST = sorted(p.stem for p in (FIXTURES / "honest").glob("*.py") if "# device: cpu" in p.read_text())
+TIMER_HACKS = sorted(p.stem for p in (FIXTURES / "hacks").glob("monkeypatch_timer_*.py"))
+BUSY_S = 900  # the busy processes stop by themselves at the latest after this
+
+
+def header(path: Path) -> dict:
+    out = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("# ") or ":" not in line:
+            break
+        key, _, value = line[2:].partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def judge(kind: str, stem: str, **overrides):
+    path = FIXTURES / kind / f"{stem}.py"
+    head = header(path)
+    problem = (FIXTURES / "problems" / f"{head['problem']}.py").read_text()
+    config = EvalConfig(device="cpu", policy=head.get("policy", "strict"), compile_baseline=False, timeout_s=120,
+                        **overrides)
+    return evaluate_candidate(problem, path.read_text(), config)
+
+
+@pytest.fixture(scope="module")
+def busy_cores():
+    """One spinning process per core (plus one), each ending on its own after BUSY_S."""
+    n = len(os.sched_getaffinity(0)) + 1
+    code = f"import time\nend = time.time() + {BUSY_S}\nwhile time.time() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    time.sleep(1.0)
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", HONEST)
+def test_honest_control_passes_while_every_core_is_busy(busy_cores, stem):
+    verdict = judge("honest", stem)
+    assert all(p.poll() is None for p in busy_cores), "the load ended before the test did"
+    assert verdict.status is Status.PASS, (verdict.reason, verdict.flags, verdict.timing.get("info"))
+    assert not verdict.flags
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", TIMER_HACKS)
+def test_timer_tamper_is_rejected_at_runtime_while_every_core_is_busy(busy_cores, stem):
+    verdict = judge("hacks", stem, static_checks=False)
+    assert verdict.status is not Status.PASS and not verdict.correct, (stem, verdict.reason, verdict.flags)
+
+
+@pytest.mark.slow
+def test_rebound_timer_clocks_are_caught_by_the_judges_own_clocks(busy_cores):
+    """The hack rebinds the runner's Timer clocks through gc (no module attribute changes, so the
+    integrity snapshot sees nothing): only the judge's clocks can tell."""
+    verdict = judge("hacks", "monkeypatch_timer_harness_internals", static_checks=False)
+    assert verdict.status is Status.REJECTED and "timer_tamper" in verdict.flags, (verdict.reason, verdict.flags)
+
+
+# -- the evidence itself ---------------------------------------------------------------------------
+def test_waiting_reps_are_no_evidence():
+    """An honest 1 ms call whose reps waited up to 50 ms for a core (the judge's wall clock grows,
+    the candidate's reported time and CPU time do not) is not flagged, however the waits fall."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        walls = [0.3 + 1.0 + rng.choice([0.0, rng.uniform(0, 50)]) for _ in range(30)]
+        empties = [0.3 + rng.choice([0.0, rng.uniform(0, 50)]) for _ in range(8)]
+        reported = [1.0 + rng.uniform(0, 0.05) for _ in walls]
+        cpu = [1.1 + rng.uniform(0, 0.05) for _ in walls]
+        empty_cpu = [0.1 + rng.uniform(0, 0.02) for _ in empties]
+        assert tamper_evidence(reported, walls, empties, cpu, empty_cpu, n_cpus=1) is None
+
+
+def test_a_clock_slowed_100x_is_evidence_by_wall_and_by_cpu_time():
+    walls, empties = [0.3 + 10.0] * 20, [0.3] * 5
+    assert "wall clock" in tamper_evidence([0.1] * 20, walls, empties)
+    # every rep waited (the wall bound is useless), but the CPU time the process used still shows the work
+    waited = [w + 40.0 for w in walls]
+    assert tamper_evidence([0.1] * 20, waited, [e + 50.0 for e in empties]) is None
+    found = tamper_evidence([0.1] * 20, waited, [e + 50.0 for e in empties], [10.1] * 20, [0.1] * 5, n_cpus=2)
+    assert found and "CPU time over 2 core(s)" in found
+
+
+def test_small_times_stay_inside_the_margin():
+    assert tamper_evidence([0.0] * 10, [0.3 + 2 * TAMPER_MARGIN_MS] * 10, [0.3] * 5) is None
+    assert tamper_evidence([0.0] * 10, [0.3] * 10, [0.3] * 5, [0.1 + 1.5 * TAMPER_CPU_MARGIN_MS] * 10, [0.1] * 5) is None
+    assert tamper_evidence([0.0] * 10, [0.3] * 10, [0.3] * 5, [0.1 + 3 * TAMPER_CPU_MARGIN_MS] * 10, [0.1] * 5)
+
+
+# -- one lock per device, for every caller -------------------------------------------------------
+def test_device_lock_is_the_machines_not_the_callers(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDAGYM_LOCK_DIR", str(tmp_path / "locks"))
+    folder = prepare_lock_dir(lock_dir())
+    assert folder == str(tmp_path / "locks") and (os.stat(folder).st_mode & 0o1777) == 0o1777
+    assert device_lock_path(folder, "cpu") == str(tmp_path / "locks" / "cpu.lock")
+
+
+def lock_waiters(path: str) -> int:
+    """Processes blocked on a flock of this file (the `->` lines of /proc/locks)."""
+    inode = f":{os.stat(path).st_ino} "
+    return sum(1 for line in Path("/proc/locks").read_text().splitlines() if "->" in line and inode in line + " ")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks")
+def test_a_separate_eval_one_process_waits_for_the_machines_device_lock(tmp_path):
+    """`cudagym eval one` in a process of its own takes the machine's lock of its device: while this
+    test holds it alone, the other process waits on it (seen in /proc/locks); released, it passes."""
+    locks = prepare_lock_dir(str(tmp_path / "locks"))
+    env = dict(os.environ, CUDAGYM_LOCK_DIR=locks)
+    ref, cand = FIXTURES / "problems" / "add_scale.py", FIXTURES / "honest" / "add_scale_torch_add.py"
+    cmd = [sys.executable, "-m", "cudagym", "eval", "one", "--ref", str(ref), "--candidate", str(cand),
+           "--device", "cpu", "--policy", "permissive", "--json", "--n-checks", "2"]
+    path = device_lock_path(locks, "cpu")
+    with gpu_lock(path, exclusive=True):
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 180
+        while not lock_waiters(path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert lock_waiters(path) == 1 and proc.poll() is None, "the eval one process never waited for the lock"
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert '"status": "pass"' in out, out
