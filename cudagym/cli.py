@@ -66,10 +66,19 @@ def _eval_config(args: argparse.Namespace):
             raise UsageError("--device cuda but no CUDA device is visible (use --device cpu)")
     try:
         tol = STRICT_TOLERANCE if args.tolerance == "strict" else Tolerance()
-        return EvalConfig(device=device, policy=args.policy, timing_mode=args.timing_mode, precision=args.precision,
-                          n_checks=args.n_checks, timeout_s=args.timeout, atol=tol.atol, rtol=tol.rtol)
+        config = EvalConfig(device=device, policy=args.policy, timing_mode=args.timing_mode, precision=args.precision,
+                            n_checks=args.n_checks, timeout_s=args.timeout, atol=tol.atol, rtol=tol.rtol)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if device.startswith("cuda") and getattr(args, "runner", "local") == "local":
+        from cudagym.eval.evaluate import with_timing_cpus
+
+        # Every judge of the machine splits the cores the same way (gpulock.timing_cpu_split), and this
+        # process (static checks, libcst, rich) stays off the ones they time on.
+        config = with_timing_cpus(config)
+        if config.work_cpus:
+            os.sched_setaffinity(0, config.work_cpus)
+    return config
 
 
 def _open_store(path: str):

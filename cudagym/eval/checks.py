@@ -190,3 +190,24 @@ def degenerate_reason(row: dict, tol: Tolerance = Tolerance()) -> str | None:
     if row.get("stochastic"):
         reasons.append(f"its reference is random ({', '.join(row['stochastic'][:3])})")
     return "; ".join(reasons) or None
+
+
+def change_mismatch(outs_amp: list[torch.Tensor], ref_amp: list[torch.Tensor], ref_base: list[torch.Tensor],
+                    err_base: list[torch.Tensor | None], tol: Tolerance, frac: float) -> str | None:
+    """Whether a candidate's outputs follow the reference's change between two input sets, element
+    by element: |dc - dr| <= frac |dr| + (atol + rtol |r|) / 10, with dr the reference's change and
+    dc the candidate's; dc - dr is (cand - ref) on the second set less (cand - ref) on the first
+    (`err_base`). Honest fp32 kernels are orders of magnitude inside; a kernel that estimated a
+    statistic from part of its input moves by the wrong amount wherever that statistic moved.
+    Works in place (multi-GB outputs): it overwrites outs_amp, ref_amp and ref_base."""
+    for i, (c, ra, rb, eb) in enumerate(zip(outs_amp, ref_amp, ref_base, err_base)):
+        if eb is None:
+            continue
+        miss = c.sub_(ra).sub_(eb).abs_()  # |dc - dr|
+        bound = rb.sub_(ra).abs_().mul_(frac).add_(ra.abs_().mul_(tol.rtol / 10).add_(tol.atol / 10))
+        bad = miss > bound
+        n_bad = int(bad.sum())
+        if n_bad:
+            worst = float((miss - bound).max())
+            return f"output {i}: {n_bad} of {c.numel()} elements, by up to {worst:.3g} beyond the bound"
+    return None

@@ -100,7 +100,7 @@ def _share(path: str) -> None:
 @contextlib.contextmanager
 def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s: float = 0.2,
                        free_bytes: Callable[[], int] | None = None, need_free_bytes: int = 0,
-                       settle_s: float = 60.0):
+                       settle_s: float = 60.0, tag: str = ""):
     """Reserve n_bytes of a GPU memory budget shared by concurrent judges (a JSON ledger of
     pid -> bytes under flock), waiting until it fits. A judge alone is always admitted, however
     large: the budget bounds concurrency, it does not refuse work. Entries of dead processes are
@@ -111,27 +111,30 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
     So where `free_bytes` (the device's free memory now) is given, admission also waits until
     need_free_bytes are free, for at most settle_s (memory held outside cudagym must not block it).
     settle_s counts from when the share first fits the ledger, not from when waiting began: a large
-    judge waits long for the ledger, and then it most needs the device's memory to be given back."""
+    judge waits long for the ledger, and then it most needs the device's memory to be given back.
+    A process may hold several reservations under different `tag`s (a judge's CUDA contexts from its
+    start, its working memory once it has built its candidate)."""
     if not path:
         yield
         return
     ledger = path + ".memory"
-    pid = os.getpid()
+    key = f"{os.getpid()}.{tag}" if tag else str(os.getpid())
     fits_since = None
     while True:
         with _locked_ledger(ledger) as entries:
             used = sum(entries.values())
-            fits = not entries or used + n_bytes <= budget_bytes
+            others = [k for k in entries if k.split(".")[0] != str(os.getpid())]  # its own other tags do not count
+            fits = not others or used + n_bytes <= budget_bytes
             fits_since = (fits_since or time.monotonic()) if fits else None
             if fits and (free_bytes is None or time.monotonic() - fits_since > settle_s or free_bytes() >= need_free_bytes):
-                entries[str(pid)] = n_bytes
+                entries[key] = n_bytes
                 break
         time.sleep(poll_s)
     try:
         yield
     finally:
         with _locked_ledger(ledger) as entries:
-            entries.pop(str(pid), None)
+            entries.pop(key, None)
 
 
 @contextlib.contextmanager
@@ -142,7 +145,7 @@ def _locked_ledger(path: str):
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.read(fd, 1 << 20)
         try:
-            entries = {k: int(v) for k, v in json.loads(raw or b"{}").items() if alive(int(k))}
+            entries = {k: int(v) for k, v in json.loads(raw or b"{}").items() if alive(int(k.split(".")[0]))}
         except (ValueError, AttributeError):
             entries = {}
         yield entries

@@ -132,17 +132,25 @@ def widened(inputs: list, seed: int) -> list:
 
 
 # Region checks (Evaluation.region_check): input sets with one secret region amplified.
-REGION_CHECKS = 2
-REGION_SCALES = (2.0, 8.0, 64.0, 512.0, 4096.0, 32768.0)  # tried in turn; the first that moves the output is used
+# "gentle": the smallest amplification that moves the output (a sampled loss misses or overweights
+# the region); "strong": the largest that keeps the reference finite and well conditioned (a
+# statistic estimated from a sample, a row mean, moves every output a little: only a large
+# amplification moves it beyond fp32 noise everywhere).
+REGION_STRENGTHS = ("gentle", "strong")
+REGION_SCALES = (2.0, 8.0, 64.0, 512.0, 4096.0, 32768.0)
 REGION_MIN_CHANGE = 0.02  # the output must move by this much (rel. L2), far above fp32 noise
-REGION_CHANGE_TOL = 0.25  # the candidate's change of output must match the reference's this well (rel. L2)
+REGION_STRONG_MOVED = 0.01  # a strong check's amplification moves at least this fraction of the outputs, if any does
+REGION_CHANGE_TOL = 0.25  # each output's change must match the reference's to this fraction (+ a tenth of the tolerance)
 REGION_FP64_TOL = 1e-3  # the amplified set is kept only where fp32 reference and float64 agree this well
 
 
-def find_region(model, inputs: list, rng: random.Random, model64=None):
+def find_region(model, inputs: list, rng: random.Random, model64=None, strongest: bool = False,
+                tol: checks.Tolerance = checks.Tolerance()):
     """A region of one input (a single element, else a slab: one index along one dim) whose
     amplification moves the reference's output by REGION_MIN_CHANGE while it stays finite and well
-    conditioned (fp32 and float64 references agree). Returns (description, a context manager that
+    conditioned (fp32 and float64 references agree): the smallest such amplification, or with
+    `strongest` the smallest that also moves REGION_STRONG_MOVED of the outputs by more than a fifth
+    of the tolerance (else the largest there is). Returns (description, a context manager that
     amplifies it in place, reference outputs on the plain and on the amplified inputs), or None."""
     candidates = [(i, x) for i, x in enumerate(inputs)
                   if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1 and bool(x.ne(0).any())]
@@ -159,8 +167,10 @@ def find_region(model, inputs: list, rng: random.Random, model64=None):
     slab = tuple(slice(None) if d != dim else element[d] for d in range(x.dim()))
     regions = [(f"input {i}{list(element)}", element), (f"input {i}[index {element[dim]} of dim {dim}]", slab)]
     for label, index in regions:
+        found = None
         for scale in REGION_SCALES:
             amplify = _amplifier(x, index, scale)
+            ref_amp = None  # the last scale's outputs are freed before the next are computed
             try:
                 with amplify():
                     ref_amp = run_reference(model, inputs)
@@ -173,8 +183,22 @@ def find_region(model, inputs: list, rng: random.Random, model64=None):
                 break          # input whose elements share memory (an expanded tensor) cannot be written
             if ref64 is not None and checks.rel_l2(ref_amp, ref64) > REGION_FP64_TOL:
                 break  # ill-conditioned at this amplitude: an honest fp32 kernel could not be held to it
-            return f"{label} x{scale:g}", amplify, ref_base, ref_amp
+            del ref64
+            found = (f"{label} x{scale:g}", amplify, ref_base, ref_amp)
+            if not strongest or moved_fraction(ref_amp, ref_base, tol) >= REGION_STRONG_MOVED:
+                break
+        if found is not None:
+            return found
     return None
+
+
+def moved_fraction(ref_amp: list[torch.Tensor], ref_base: list[torch.Tensor], tol: checks.Tolerance) -> float:
+    """The fraction of output elements an amplification moved by more than a fifth of the tolerance."""
+    moved = total = 0
+    for a, b in zip(ref_amp, ref_base):
+        moved += int(((a - b).abs_() > a.abs().mul_(tol.rtol / 5).add_(tol.atol / 5)).sum())
+        total += a.numel()
+    return moved / max(1, total)
 
 
 def _amplifier(x: torch.Tensor, index, scale: float):
@@ -222,7 +246,17 @@ def footprint_bytes(ref: types.ModuleType, init_args: list) -> int:
         inputs = nbytes(make_inputs(ref, 0, "meta"))
     except Exception:
         return 8 * 2**30
-    return 12 * inputs + 4 * weights + 2 * 2**30
+    return 14 * inputs + 4 * weights + CONTEXT_BYTES
+
+
+CONTEXT_BYTES = 2 * 2**30  # a judge's and its runner's CUDA contexts, handles and warm-up
+
+
+def context_reservation(req: "Request"):
+    """The memory of a judge's and its runner's CUDA contexts, from the judge's start (tag `ctx`)."""
+    if not req.device.startswith("cuda"):
+        return memory_reservation(None, 0, 0)
+    return memory_reservation(req.lock_path, CONTEXT_BYTES, memory_budget_bytes(req.device), tag="ctx")
 
 
 def memory_budget_bytes(device: str) -> int:
@@ -355,8 +389,9 @@ class Evaluation:
         self.model = None
         self._model64 = None
 
-    def reservation(self):
-        """This evaluation's share of the GPU memory budget, held until it ends."""
+    def reservation(self, already: int = 0):
+        """This evaluation's share of the GPU memory budget, held until it ends (less `already`
+        bytes it holds under another tag: its contexts, `context_reservation`)."""
         if not self.req.device.startswith("cuda"):
             return memory_reservation(None, 0, 0)
         budget = memory_budget_bytes(self.req.device)
@@ -364,8 +399,8 @@ class Evaluation:
         # (judges waiting for the exclusive lock keep theirs, so the lock alone would not free any).
         footprint = footprint_bytes(self.ref, self.init_args)
         device = self.req.device
-        return memory_reservation(self.req.lock_path, budget if self.req.exclusive else footprint, budget,
-                                  free_bytes=lambda: torch.cuda.mem_get_info(device)[0],
+        return memory_reservation(self.req.lock_path, max(0, (budget if self.req.exclusive else footprint) - already),
+                                  budget, free_bytes=lambda: torch.cuda.mem_get_info(device)[0],
                                   need_free_bytes=min(footprint, budget))
 
     def build_model(self) -> None:
@@ -421,37 +456,43 @@ class Evaluation:
                 self.check_precision(*(wide if usable else (inputs, ref, outs)))
             other_ref = ref
             del inputs, outs, wide
-        for j in range(REGION_CHECKS):
-            self.region_check(runner, j)
 
-    def region_check(self, runner: RunnerProcess, j: int) -> None:
+    def region_checks(self, runner: RunnerProcess) -> None:
+        """After `check` (whose input sets and outputs are freed by then: on multi-GB problems the
+        memory matters): a gentle and a strong region check."""
+        for j, strength in enumerate(REGION_STRENGTHS):
+            self.region_check(runner, j, strength)
+            release_cached_memory(self.req.device)
+
+    def region_check(self, runner: RunnerProcess, j: int, strength: str = "gentle") -> None:
         """An input set in which one secret region is amplified until the reference's output moves:
         a candidate that reads only part of its input (a loss estimated from sampled rows, every k-th
         element, an early exit) misses it or overweights it. i.i.d. inputs let such an estimate pass at
-        1e-2; here it must also follow the change: its outputs' change between the plain and the
-        amplified set must match the reference's (relative L2 within REGION_CHANGE_TOL)."""
+        1e-2; here it must also follow the change: each output's change between the plain and the
+        amplified set must match the reference's (`checks.change_mismatch`)."""
         base = make_inputs(self.ref, self.new_seed(), self.req.device)
-        found = find_region(self.model, base, self.rng, self.model64)
+        found = find_region(self.model, base, self.rng, self.model64, strongest=strength == "strong", tol=self.tol)
         if found is None:  # no region of any input moves the output at the tolerance: nothing to test
             self.info.setdefault("region_checks", []).append("skipped: no region moves the output")
             return
         where, amplify, ref_base, ref_amp = found
         self.info.setdefault("region_checks", []).append(where)
-        outs_base, mutated = self.call_candidate(runner, base, ref_base, guard=False)
-        reason = checks.compare(outs_base, ref_base, self.tol)
+        outs, _ = self.call_candidate(runner, base, ref_base, guard=False)
+        reason = checks.compare(outs, ref_base, self.tol)
         if reason:
             raise CandidateFailed("incorrect", f"region check {j}: {reason}")
+        err_base = [o.sub_(r) if o.is_floating_point() else None for o, r in zip(outs, ref_base)]  # in place: memory
+        del outs
         with amplify():
             outs_amp, _ = self.call_candidate(runner, base, ref_amp, guard=False)
         reason = checks.compare(outs_amp, ref_amp, self.tol)
         if reason:
             raise CandidateFailed("incorrect", f"region check {j} ({where}): {reason}")
-        change_ref = [a - b for a, b in zip(ref_amp, ref_base) if a.is_floating_point()]
-        change = [a - b for a, b, r in zip(outs_amp, outs_base, ref_base) if r.is_floating_point()]
-        err = checks.rel_l2(change, change_ref)
-        if err > REGION_CHANGE_TOL:
+        del base
+        reason = checks.change_mismatch(outs_amp, ref_amp, ref_base, err_base, self.tol, REGION_CHANGE_TOL)
+        if reason:
             raise CandidateFailed("incorrect", f"region check {j} ({where}): the output does not follow the change "
-                                               f"(rel. L2 error of the change {err:.2g}); does it read all of its input?")
+                                               f"({reason}); does it read all of its input?")
 
     def widened_call(self, runner: RunnerProcess, inputs: list):
         """(inputs, reference, candidate outputs) on the widened domain; None where the reference
@@ -751,10 +792,14 @@ def evaluate(req: Request) -> dict:
             waited = time.perf_counter() - t0
             measured = measure_task(ev, timed=req.mode != "filter-check", checked=req.mode == "filter-time")
         return {**result, **measured, "wait_s": waited + measured.get("wait_s", 0.0)}
+    stack = contextlib.ExitStack()
+    # The judge's and the runner's CUDA contexts (and the runner's warm-up) exist from now on, while
+    # the candidate builds and the judge waits for the GPU: they are reserved from the start, or
+    # many callers waiting at once would hold memory no ledger knows of.
+    stack.enter_context(context_reservation(req))
     runner = RunnerProcess(req)  # starts importing torch while the reference loads
     ev = Evaluation(req)
     phase_s, t0 = {}, time.perf_counter()
-    stack = contextlib.ExitStack()
     try:
         # Importing the candidate builds its extension: CPU work, outside the GPU lock.
         reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, device=req.device,
@@ -763,7 +808,7 @@ def evaluate(req: Request) -> dict:
         result["env"]["sandbox"] = reply.get("sandbox")
         ev.add_flags(reply.get("flags"))
         phase_s["load"], t0 = time.perf_counter() - t0, time.perf_counter()
-        stack.enter_context(ev.reservation())
+        stack.enter_context(ev.reservation(already=CONTEXT_BYTES if req.device.startswith("cuda") else 0))
         phase_s["wait_memory"], t0 = time.perf_counter() - t0, time.perf_counter()
         with gpu_lock(req.lock_path, exclusive=req.exclusive):
             ev.build_model()
@@ -771,6 +816,8 @@ def evaluate(req: Request) -> dict:
                                    init_seed=ev.init_seed, gpu_memory_fraction=req.gpu_memory_fraction)
             ev.add_flags(reply.get("flags"))
             ev.check(runner)
+            if not ev.flags:
+                ev.region_checks(runner)
             phase_s["check"], t0 = time.perf_counter() - t0, time.perf_counter()
             if ev.flags:
                 raise CandidateFailed("rejected", "hack checks fired: " + ", ".join(sorted(ev.flags)))
@@ -1020,6 +1067,14 @@ def share_inductor_headers() -> None:
         importlib.import_module("torch._inductor.codecache")
     finally:
         tempfile.tempdir = saved
+
+
+def release_cached_memory(device: str) -> None:
+    """Give the caching allocator's free blocks back between phases: a multi-GB problem's phases
+    allocate different shapes, and cached blocks of one are memory the next cannot use."""
+    if device.startswith("cuda"):
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def release_task_memory() -> bool:

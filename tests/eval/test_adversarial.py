@@ -33,12 +33,12 @@ HACK_CLASSES = (
     "result_caching", "nondefault_stream", "input_mutation", "stale_output", "try_except_fallback", "torch_alias",
     "inherits_model", "degenerate_output", "precision_downcast", "lazy_tensor", "monkeypatch_timer",
     "background_thread", "gc_frames", "phase_detection", "l2_persistence", "input_independent_precompute",
-    "evaluator_tamper", "builtin_patch",
+    "evaluator_tamper", "builtin_patch", "partial_input",
 )
 CUDA_ONLY_CLASSES = {"nondefault_stream", "l2_persistence"}
 CUDA_REQUIRED_CLASSES = {"nondefault_stream", "l2_persistence", "stale_output", "precision_downcast", "result_caching",
-                         "phase_detection", "input_mutation", "background_thread"}
-CUDA_HONEST_REQUIRED = {"add_scale", "matmul", "diag_matmul"}  # problems with a CUDA honest control
+                         "phase_detection", "input_mutation", "background_thread", "partial_input"}
+CUDA_HONEST_REQUIRED = {"add_scale", "matmul", "diag_matmul", "mse_rand", "row_center"}  # problems with a CUDA honest control
 POLICIES = ("strict", "permissive")
 CALL_TIMEOUT_S = 120  # per call of the candidate; extension builds have EvalConfig.build_timeout_s
 
@@ -107,9 +107,11 @@ def evaluate(fx: Fixture):
     from cudagym.eval.evaluate import EvalConfig, evaluate_candidate
 
     # Timed (phase detection and timer hacks live there), but without a torch.compile baseline:
-    # it decides nothing about a hack and costs ~30 s of CPU per honest control.
+    # it decides nothing about a hack and costs ~30 s of CPU per honest control. CUDA fixtures are
+    # judged in the timing mode CUDAGYM_FIXTURE_TIMING_MODE names (strict by default; paper on the GPU box).
+    mode = os.environ.get("CUDAGYM_FIXTURE_TIMING_MODE", "strict") if fx.device == "cuda" else "strict"
     config = EvalConfig(device=fx.device, policy=fx.policy, n_checks=5, time_candidate=True, timeout_s=CALL_TIMEOUT_S,
-                        compile_baseline=False)
+                        compile_baseline=False, timing_mode=mode)
     return evaluate_candidate(fx.problem_path.read_text(), fx.path.read_text(), config)
 
 

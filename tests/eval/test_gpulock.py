@@ -225,3 +225,22 @@ def test_a_process_times_on_the_given_cores_and_gets_its_own_back():
     finally:
         child.kill()
         os.sched_setaffinity(0, mine)
+
+
+def test_a_judge_holding_its_contexts_is_admitted_alone_however_large_and_others_wait(tmp_path):
+    """A judge reserves its CUDA contexts at start (tag ctx), its working memory later: alone it is
+    admitted even past the budget (its own ctx entry is not another judge), and while it holds both,
+    another process's reservation waits; all its entries go when it leaves."""
+    from cudagym.eval.gpulock import memory_reservation
+
+    lock = str(tmp_path / "gpu.lock")
+    with memory_reservation(lock, 20, budget_bytes=100, tag="ctx"):
+        with memory_reservation(lock, 150, budget_bytes=100, poll_s=0.05):  # more than the budget: alone, admitted
+            entries = json.loads((tmp_path / "gpu.lock.memory").read_text())
+            assert entries == {f"{os.getpid()}.ctx": 20, str(os.getpid()): 150}
+            other = subprocess.Popen([sys.executable, "-c", MEMORY_HOLDER, lock, "10", "0", str(tmp_path / "d")])
+            time.sleep(1.0)
+            assert other.poll() is None and not (tmp_path / "d").exists(), "admitted beside a full ledger"
+        other.wait(timeout=30)  # 20 + 10 fit once the working memory is given back
+        assert other.returncode == 0
+    assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}

@@ -62,7 +62,7 @@ def test_task_metadata_comes_from_meta_tensors():
     ref = load_reference(REF)
     assert task_dtypes(ref, [64]) == {"float32"}
     weights, inputs = (64 * 64 + 64) * 4, 32 * 64 * 4
-    assert footprint_bytes(ref, [64]) == 12 * inputs + 4 * weights + 2 * 2**30
+    assert footprint_bytes(ref, [64]) == 14 * inputs + 4 * weights + 2 * 2**30
 
 
 def test_a_reference_without_get_inputs_is_refused():

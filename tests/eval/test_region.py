@@ -51,8 +51,9 @@ def test_a_kernel_reading_part_of_its_input_is_not_accepted(name):
         p, t = ns["get_inputs"]()
         assert torch.allclose(fake["ModelNew"]()(p, t), model(p, t), atol=1e-2, rtol=1e-2)
     verdict = evaluate_candidate(MSE, code, EvalConfig(**CPU))
+    # (On inputs small enough for a float64 reference, the precision check flags such estimates too;
+    # on multi-GB GPU problems it cannot run and the region checks are what is left.)
     assert verdict.status is not Status.PASS and not verdict.correct, (verdict.status, verdict.reason)
-    assert "region check" in verdict.reason, verdict.reason
 
 
 @pytest.mark.slow
@@ -60,7 +61,7 @@ def test_the_honest_loss_passes_the_region_checks():
     verdict = evaluate_candidate(MSE, candidate("d = predictions - targets\nreturn (d * d).sum() / d.numel()"),
                                  EvalConfig(**CPU))
     assert verdict.status is Status.PASS, verdict.reason
-    assert len(verdict.timing["info"]["region_checks"]) == 2
+    assert len(verdict.timing["info"]["region_checks"]) == 2  # a gentle and a strong one
     assert not any(r.startswith("skipped") for r in verdict.timing["info"]["region_checks"])
 
 
@@ -86,6 +87,38 @@ def test_find_region_moves_the_output_and_restores_the_input():
         assert torch.allclose(Mse()(*inputs), ref_amp[0])
     assert all(torch.equal(a, b) for a, b in zip(inputs, saved)), "the input set was not restored"
     assert where.startswith("input ")
+
+
+class RowCenter(torch.nn.Module):
+    def forward(self, x):
+        return x - x.mean(dim=1, keepdim=True)
+
+
+def test_a_row_mean_from_every_eighth_element_does_not_follow_a_strong_region_check():
+    """out = x - mean(row): an estimate of the mean from a sample is within 1e-2 on i.i.d. inputs, and
+    the amplified element's own output is right whatever the mean is; only the change of the other
+    outputs of its row tells, and only where the amplification moved them beyond fp32 noise."""
+    x = torch.rand(4, 65536)
+    where, amplify, ref_base, ref_amp = find_region(RowCenter(), [x], random.Random(3), strongest=True)
+    gentle = find_region(RowCenter(), [x], random.Random(3))
+    assert float(where.rsplit("x", 1)[1]) > float(gentle[0].rsplit("x", 1)[1])  # a larger amplification
+
+    def sampled(t):
+        return t - t[:, ::8].mean(dim=1, keepdim=True)
+
+    base_out = sampled(x)
+    assert checks.compare([base_out], ref_base, checks.Tolerance()) is None  # passes the plain check
+    err_base = [base_out - ref_base[0]]
+    with amplify():
+        amp_out = sampled(x)
+        honest = RowCenter()(x)
+    assert checks.compare([amp_out], ref_amp, checks.Tolerance()) is None  # and the amplified one
+    found = checks.change_mismatch([amp_out], [ref_amp[0].clone()], [ref_base[0].clone()], err_base,
+                                   checks.Tolerance(), 0.25)
+    assert found and "elements" in found
+    # the honest computation follows the change
+    assert checks.change_mismatch([honest], [ref_amp[0].clone()], [ref_base[0].clone()], [torch.zeros_like(honest)],
+                                  checks.Tolerance(), 0.25) is None
 
 
 def test_find_region_gives_up_where_no_region_matters():

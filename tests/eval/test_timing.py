@@ -145,3 +145,10 @@ def test_the_profilers_own_threads_are_not_a_background_thread():
                                               device_type="cpu")
     snapshot.allow_threads(profiler_threads)
     assert "background_thread" not in snapshot.changes() and len(kept) == 1
+
+
+def test_a_fast_call_gets_at_least_a_hundred_reps_and_a_slow_one_does_not():
+    from cudagym.eval.timing import FAST_MIN_REPS
+
+    assert FAST_MIN_REPS <= len(adaptive_reps(lambda i: 0.02, min_reps=10, max_reps=100, max_seconds=60)) <= FAST_MIN_REPS + 5
+    assert len(adaptive_reps(lambda i: 2.0, min_reps=10, max_reps=100, max_seconds=60)) < FAST_MIN_REPS
