@@ -25,7 +25,7 @@ REPO = FIXTURES.parents[1]
 # flagged timer_tamper on a busy CI machine).
 HONEST = sorted(p.stem for p in (FIXTURES / "honest").glob("*.py") if "# device: cpu" in p.read_text())
 TIMER_HACKS = sorted(p.stem for p in (FIXTURES / "hacks").glob("monkeypatch_timer_*.py"))
-BUSY_S = 900  # the busy processes stop by themselves at the latest after this
+BUSY_S = 3000  # the busy processes stop by themselves at the latest after this (they are killed after the module)
 
 
 def header(path: Path) -> dict:
