@@ -109,7 +109,12 @@ def test_honest_candidate_passes():
     assert verdict.t_compile_ms is None  # compile baseline off
     assert verdict.speedup_vs_eager == pytest.approx(verdict.t_eager_ms / verdict.t_candidate_ms)
     assert verdict.reward in {1, 2, 3}
-    assert verdict.timing["reps"] <= 20
+    # max_reps bounds a rep count, except that a call under FAST_MS gets FAST_MIN_REPS (its median is
+    # otherwise one descheduled launch away from moving): this tiny CPU call is one of those.
+    from cudagym.eval.timing import FAST_MAX_REPS, FAST_MS
+
+    reps = verdict.timing["reps"]
+    assert reps <= (FAST_MAX_REPS if verdict.t_candidate_ms < FAST_MS else 20)  # (the 1 s time bound may end it sooner)
     assert verdict.env.get("sandbox") == "full" or verdict.env.get("sandbox", "").startswith("partial")
 
 
