@@ -293,16 +293,20 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
     return verdict_from_result(result, verdict, t_compile_ms)
 
 
-def with_timing_cpus(config: EvalConfig) -> EvalConfig:
+def with_timing_cpus(config: EvalConfig, gpu_slot: tuple[int, int] | None = None) -> EvalConfig:
     """On a GPU, the cores every judge of the machine shares out the same way (gpulock.timing_cpu_split):
-    a lone `eval one` times on its GPU's timing cores and works on the others, like a batch's judges."""
+    a lone `eval one` times on its GPU's timing cores and works on the others, like a batch's judges.
+    gpu_slot: (this GPU's index, GPUs on the host), where the device's own index does not say it
+    (a Ray worker sees its GPU as cuda:0)."""
     if config.timing_cpus is not None or not config.device.startswith("cuda"):
         return config
-    import torch
-
     from cudagym.eval.gpulock import timing_cpu_split
 
-    timing, work = timing_cpu_split(int(config.device.split(":")[1]), torch.cuda.device_count(), os.sched_getaffinity(0))
+    if gpu_slot is None:
+        import torch
+
+        gpu_slot = (int(config.device.split(":")[1]), torch.cuda.device_count())
+    timing, work = timing_cpu_split(*gpu_slot, os.sched_getaffinity(0))
     return replace(config, timing_cpus=timing, work_cpus=work)
 
 

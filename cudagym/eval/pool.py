@@ -17,8 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.evaluate import EvalConfig, clear_stop, stop_live_judges
-from cudagym.eval.gpulock import timing_cpu_split
+from cudagym.eval.evaluate import EvalConfig, clear_stop, stop_live_judges, with_timing_cpus
 
 DRAIN_S = 30.0  # after a stop, how long to wait for the stopped judges' finished work
 
@@ -37,13 +36,7 @@ def batch_config(config: EvalConfig, parallel: int, gpu_slot: tuple[int, int] | 
     """Judges side by side: share the GPU through a lock file, and the CPU cores between them.
     gpu_slot: (this GPU's index, GPUs on the host), where the device's own index does not say it
     (a Ray worker sees its GPU as cuda:0)."""
-    if config.device.startswith("cuda") and config.timing_cpus is None:  # this GPU's timing cores (gpulock)
-        if gpu_slot is None:
-            import torch
-
-            gpu_slot = (int(config.device.split(":")[1]), torch.cuda.device_count())
-        timing, work = timing_cpu_split(*gpu_slot, os.sched_getaffinity(0))
-        config = replace(config, timing_cpus=timing, work_cpus=work)
+    config = with_timing_cpus(config, gpu_slot)  # this GPU's timing cores (gpulock)
     if parallel > 1 and not config.compile_threads:
         config = replace(config, compile_threads=max(1, len(config.work_cpus or os.sched_getaffinity(0)) // parallel))
     # Without an explicit lock file, every judge takes its device's machine-wide lock (gpulock.lock_dir):

@@ -33,6 +33,7 @@ class Runner:
         self.model = None
         self.timing_sources: list[list] = []
         self.timing_slots: list[list] = []
+        self.empty_like, self.empty_outputs = None, []  # an empty rep's stand-in outputs and their shapes
 
     def reply(self, **msg) -> None:
         self.conn.send_bytes(json.dumps(msg).encode())
@@ -162,11 +163,10 @@ class Runner:
         self.load_slot(slot, content)
         self.timer.flush()
         ms, _ = self.timer.time_ms(lambda: None)
-        key = repr(like)
-        if getattr(self, "_empty_key", None) != key:
-            self._empty_key = key
-            self._empty_outputs = [torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in like]
-        self._send_outputs(self._empty_outputs, buffers, {}, ops=[], ms=ms)
+        if self.empty_like != like:
+            self.empty_like = like
+            self.empty_outputs = [torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in like]
+        self._send_outputs(self.empty_outputs, buffers, {}, ops=[], ms=ms)
 
     def load_slot(self, slot: int, content: int) -> list:
         import torch
