@@ -30,14 +30,12 @@ def _levels(text: str) -> list[int]:
 
 def _ids(text: str) -> set[int]:
     """'1-10,12' -> {1..10, 12}."""
-    ids: set[int] = set()
+    from cudagym.tasks import TaskError, parse_id_ranges
+
     try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            ids.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"problem ids must look like 1-10,12, got {text!r}") from None
-    return ids
+        return parse_id_ranges(text)
+    except TaskError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _default_device() -> str:

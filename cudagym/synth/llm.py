@@ -20,7 +20,6 @@ here: the exec filter, a later step, runs every task in a sandbox.
 from __future__ import annotations
 
 import ast
-import email.utils
 import hashlib
 import json
 import logging
@@ -38,6 +37,7 @@ from typing import Mapping, Sequence
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from cudagym.endpoint import PLACEHOLDER_API_KEY, classify_api_error, retry_after_s  # noqa: F401 - re-exported
 from cudagym.synth.compose import (
     ComposeConfig,
     ProgrammaticComposer,
@@ -52,7 +52,6 @@ from cudagym.tasks import Task, sha256_text
 
 log = logging.getLogger(__name__)
 
-PLACEHOLDER_API_KEY = "EMPTY"  # what local OpenAI-compatible servers (vLLM, llama.cpp) accept
 ALLOWED_IMPORTS = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.fft", "torch.linalg",
                              "torch.special", "math"})
 MODEL_BASES = frozenset({"nn.Module", "torch.nn.Module", "Module"})
@@ -372,28 +371,6 @@ class ResponseCache:
 # --------------------------------------------------------------------------------------------
 
 
-def retry_after_s(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds a 429/503 asks us to wait (`retry-after-ms`, `retry-after` seconds or HTTP date)."""
-    if not headers:
-        return None
-    try:
-        if headers.get("retry-after-ms"):
-            return max(0.0, float(headers["retry-after-ms"]) / 1000)
-    except ValueError:
-        pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-
-
 class LLMClient:
     """chat.completions through the real `openai.OpenAI` client, with our retries and cache.
 
@@ -470,19 +447,8 @@ class LLMClient:
 
     def _classify(self, e: Exception) -> tuple[Reject, bool, float | None]:
         """(reject, whether to retry, Retry-After seconds) for one failed attempt."""
-        oa = self._openai
-        detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-        if isinstance(e, oa.APITimeoutError):  # before APIConnectionError, its base
-            return Reject("llm_timeout", detail), True, None
-        if isinstance(e, oa.APIConnectionError):
-            return Reject("llm_error", detail), True, None
-        if isinstance(e, oa.APIStatusError):
-            hinted = retry_after_s(e.response.headers)
-            if isinstance(e, oa.RateLimitError):
-                return Reject("llm_rate_limited", detail), True, hinted
-            retry = isinstance(e, oa.InternalServerError) or e.status_code in (408, 409)
-            return Reject("llm_error", detail), retry, hinted
-        return Reject("llm_error", detail), False, None  # bad JSON, validation: retrying will not help
+        failure = classify_api_error(e)
+        return Reject(failure.reason, failure.detail), failure.retry, failure.retry_after_s
 
     def close(self) -> None:
         self._client.close()

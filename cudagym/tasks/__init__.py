@@ -40,6 +40,18 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def parse_id_ranges(text: str) -> set[int]:
+    """'1-10,12' -> {1..10, 12}; TaskError (one line) on anything else."""
+    ids: set[int] = set()
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            ids.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise TaskError(f"problem ids must look like 1-10,12, got {text!r}") from None
+    return ids
+
+
 def task_from_file(path: str | Path) -> Task:
     path = Path(path)
     if not path.is_file():
