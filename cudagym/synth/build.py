@@ -32,7 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-from cudagym.synth.compose import PAPER_K_DISTRIBUTION, ComposeConfig, ComposeStep, data_source_of, ops_from_code
+from cudagym.synth.compose import PAPER_K_DISTRIBUTION, TRANSFORMERS_SHARE, ComposeConfig, ComposeStep
+from cudagym.synth.labels import data_source_of, ops_from_code
 from cudagym.synth.filter import FilterConfig, FilterResult, run_filter
 from cudagym.tasks import Task, TaskError
 from cudagym.tasks.db import connect
@@ -51,7 +52,8 @@ class BuildConfig:
     device: str = "cpu"
     scale: int = 1  # multiplies every symbolic dim of composed tasks (GPU-sized tasks need more)
     k_distribution: Mapping[int, float] = field(default_factory=lambda: dict(PAPER_K_DISTRIBUTION))
-    transformers: bool = True  # crawl transformers seeds too (skipped with a reason if not installed)
+    transformers: bool = True  # crawl transformers seeds too (a core dependency)
+    transformers_share: float = TRANSFORMERS_SHARE  # of the seed draws (compose.ComposeConfig)
     oversample: float = 1.1  # margin on the candidates a round filters, beyond what the yield so far predicts
     max_rounds: int = 6
     kb_version: str = "v0.1"  # KernelBench version decontaminated against (levels 1-3)
@@ -73,7 +75,8 @@ class BuildConfig:
 
     def compose_config(self, round_: int, n_tasks: int = 1) -> ComposeConfig:
         return ComposeConfig(composer=self.composer, n_tasks=n_tasks, k_distribution=self.k_distribution,
-                             seed=self.seed * 1000 + round_, scale=self.scale, llm=self.llm)
+                             seed=self.seed * 1000 + round_, scale=self.scale, llm=self.llm,
+                             transformers_share=self.transformers_share)
 
     def filter_config(self) -> FilterConfig:
         return FilterConfig(device=self.device, min_eager_ms=self.min_eager_ms, max_eager_ms=self.max_eager_ms,
@@ -84,7 +87,8 @@ class BuildConfig:
         """What the stored work depends on: a rerun with other values must not mix with it."""
         return {"composer": self.composer, "seed": self.seed, "device": self.device, "scale": self.scale,
                 "k_distribution": {str(k): v for k, v in sorted(dict(self.k_distribution).items())},
-                "transformers": self.transformers, "kb_version": self.kb_version,
+                "transformers": self.transformers, "transformers_share": self.transformers_share,
+                "kb_version": self.kb_version,
                 "window_ms": list(self.filter_config().window_ms),
                 "model": getattr(self.llm, "model", None)}
 
@@ -94,7 +98,8 @@ class BuildConfig:
                  "device": self.device, "scale": self.scale if self.scale != 1 else None,
                  "min_eager_ms": self.min_eager_ms, "max_eager_ms": self.max_eager_ms,
                  "kb_version": self.kb_version if self.kb_version != "v0.1" else None,
-                 "no_transformers": not self.transformers}
+                 "no_transformers": not self.transformers,
+                "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):
             flags["k_distribution"] = {str(k): v for k, v in sorted(dict(self.k_distribution).items())}
         if self.llm is not None:

@@ -24,616 +24,40 @@ Labels for the dataset row come from the code's AST only: `ops_from_code` and `d
 
 from __future__ import annotations
 
-import ast
-import functools
 import importlib
 import logging
 import math
 import random
-import re
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
-import libcst as cst
-
-from cudagym.synth.crawl import (
-    DIMS,
-    DOMAIN_ACCEPTS,
-    DOMAINS,
-    LIKE_X,
-    InputSpec,
-    Seed,
-    SeedError,
-    infer_output,
-    single_threaded,
+from cudagym.synth.crawl import SeedError, infer_output, single_threaded
+from cudagym.synth.labels import data_source_of, ops_from_code  # noqa: F401 - re-exported: the labels' old home
+from cudagym.synth.render import (  # noqa: F401 - re-exported for callers of the old compose module
+    BASE_IMPORTS,
+    Idents,
+    Step,
+    bind,
+    first_step,
+    glue_for,
+    name_output,
+    next_step,
+    render_steps,
+    seed_snippet,
+    seed_symbols,
+    seed_task,
 )
-from cudagym.tasks import Task, sha256_text
-
-if TYPE_CHECKING:
-    from cudagym.synth.llm import LLMConfig
+from cudagym.synth.seeds import DOMAIN_ACCEPTS, Seed
+from cudagym.tasks import Task, TaskError, sha256_text
 
 log = logging.getLogger(__name__)
 
 PAPER_K_DISTRIBUTION: Mapping[int, float] = {1: 0.0, 2: 0.8377, 3: 0.0927, 4: 0.0464, 5: 0.0232}
-BASE_IMPORTS = ("import torch", "import torch.nn as nn", "import torch.nn.functional as F")
-
-# --------------------------------------------------------------------------------------------
-# Labels from the AST
-# --------------------------------------------------------------------------------------------
-
-BINOP_LABELS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floor_divide",
-                ast.Mod: "remainder", ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "bitwise_and",
-                ast.BitOr: "bitwise_or", ast.BitXor: "bitwise_xor", ast.LShift: "bitwise_left_shift",
-                ast.RShift: "bitwise_right_shift"}
-UNARY_LABELS = {ast.USub: "neg", ast.Invert: "bitwise_not"}
-COMPARE_LABELS = {ast.Gt: "gt", ast.GtE: "ge", ast.Lt: "lt", ast.LtE: "le", ast.Eq: "eq", ast.NotEq: "ne"}
-# Tensor methods that only reinterpret or inspect a tensor (views, casts, sizes): not operators.
-# The composer's glue uses only these, so glue never shows up in `ops`.
-NON_OP_METHODS = frozenset({
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unsqueeze", "squeeze", "contiguous", "size", "dim",
-    "numel", "item", "tolist", "to", "float", "double", "half", "bfloat16", "int", "long", "bool", "type",
-    "type_as", "cpu", "cuda", "detach", "requires_grad_", "register_buffer", "register_parameter",
-})
-_LABELLED_ROOTS = ("torch", "transformers")
-
-
-def ops_from_code(code: str) -> list[str]:
-    """Operator labels of a task, in evaluation order, from its AST (never from strings/comments).
-
-    Labels: the class name of each module built in `Model.__init__` and called in `forward`
-    (`Conv2d`, `LlamaMLP`; a called `nn.Sequential` gives its members), the last name of every
-    torch/transformers function called (`torch.sum` -> `sum`, `F.gelu` -> `gelu`), tensor methods
-    (`x.cumsum(1)` -> `cumsum`, except view/cast/size methods, `NON_OP_METHODS`), and Python
-    operators on tensors (`+` -> `add`, `@` -> `matmul`, `-x` -> `neg`, `<` -> `lt`).
-    Helper methods of Model called from forward are followed.
-    """
-    tree = ast.parse(code)
-    aliases = _import_aliases(tree)
-    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
-    if model is None:
-        model = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
-    if model is None:
-        return []
-    methods = {n.name: n for n in model.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    modules = _module_slots(methods.get("__init__"), aliases)
-    labeller = _Labeller(aliases, modules, methods)
-    forward = methods.get("forward")
-    if forward is None:
-        return []
-    for stmt in forward.body:
-        labeller.walk(stmt)
-    return labeller.labels
-
-
-def data_source_of(code: str) -> str:
-    """`transformers` if the task imports transformers, else `torch#K` with K = len(ops_from_code)."""
-    tree = ast.parse(code)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "transformers" for a in node.names):
-            return "transformers"
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "transformers":
-            return "transformers"
-    return f"torch#{len(ops_from_code(code))}"
-
-
-def _import_aliases(tree: ast.Module) -> dict[str, str]:
-    """Local name -> qualified name, from the module's imports."""
-    aliases: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname:
-                    aliases[a.asname] = a.name
-                else:
-                    aliases[a.name.split(".")[0]] = a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    return aliases
-
-
-def _qualified(node: ast.AST, aliases: Mapping[str, str]) -> str | None:
-    """`F.gelu` -> `torch.nn.functional.gelu` when the root name is an import alias."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name) and node.id in aliases:
-        return ".".join([aliases[node.id], *reversed(parts)])
-    return None
-
-
-def _module_slots(init: ast.FunctionDef | None, aliases: Mapping[str, str]) -> dict[str, list[str]]:
-    """`self.<attr> = <Module>(...)` in __init__ -> {attr: [labels]}."""
-    slots: dict[str, list[str]] = {}
-    if init is None:
-        return slots
-    for node in ast.walk(init):
-        if not isinstance(node, ast.Assign):
-            continue
-        for target in node.targets:
-            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
-                labels = _constructor_labels(node.value, aliases)
-                if labels is not None:
-                    slots[target.attr] = labels
-    return slots
-
-
-def _constructor_labels(value: ast.AST, aliases: Mapping[str, str]) -> list[str] | None:
-    if isinstance(value, ast.Call):
-        qualified = _qualified(value.func, aliases)
-        if qualified is None or not qualified.startswith(_LABELLED_ROOTS):
-            return None
-        name = qualified.rsplit(".", 1)[-1]
-        if name in ("Sequential", "ModuleList"):
-            return [label for arg in value.args for label in (_constructor_labels(arg, aliases) or [])]
-        if name in ("Parameter", "Buffer") or not name[:1].isupper():
-            return None
-        return [name]
-    qualified = _qualified(value, aliases)  # self.act = torch.relu
-    if qualified and qualified.startswith(_LABELLED_ROOTS):
-        return [qualified.rsplit(".", 1)[-1]]
-    return None
-
-
-def _is_scalar_expr(node: ast.AST) -> bool:
-    """Python-number arithmetic (constants, sizes, math.*) is not a tensor operator."""
-    if isinstance(node, ast.Constant):
-        return True
-    if isinstance(node, ast.UnaryOp):
-        return _is_scalar_expr(node.operand)
-    if isinstance(node, ast.BinOp):
-        return _is_scalar_expr(node.left) and _is_scalar_expr(node.right)
-    if isinstance(node, ast.Subscript):
-        return isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
-    if isinstance(node, ast.Attribute):
-        return node.attr in ("shape", "ndim")
-    if isinstance(node, ast.Call):
-        func = node.func
-        if isinstance(func, ast.Name) and func.id in ("len", "int", "float", "round", "abs", "min", "max"):
-            return all(_is_scalar_expr(a) for a in node.args) or func.id == "len"
-        if isinstance(func, ast.Attribute) and func.attr in ("size", "dim", "numel"):
-            return True
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "math":
-            return True
-    return False
-
-
-class _Labeller:
-    def __init__(self, aliases, modules, methods):
-        self.aliases, self.modules, self.methods = aliases, modules, methods
-        self.labels: list[str] = []
-        self._stack: list[str] = []
-
-    def walk(self, node: ast.AST) -> None:
-        """Post-order: operands before the operator (evaluation order)."""
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            return
-        for child in ast.iter_child_nodes(node):
-            self.walk(child)
-        self.labels.extend(self._label(node))
-
-    def _label(self, node: ast.AST) -> list[str]:
-        if isinstance(node, ast.BinOp) and type(node.op) in BINOP_LABELS:
-            return [] if _is_scalar_expr(node.left) and _is_scalar_expr(node.right) else [BINOP_LABELS[type(node.op)]]
-        if isinstance(node, ast.AugAssign) and type(node.op) in BINOP_LABELS:
-            return [] if _is_scalar_expr(node.value) and _is_scalar_expr(node.target) else [BINOP_LABELS[type(node.op)]]
-        if isinstance(node, ast.UnaryOp) and type(node.op) in UNARY_LABELS:
-            return [] if _is_scalar_expr(node.operand) else [UNARY_LABELS[type(node.op)]]
-        if isinstance(node, ast.Compare):
-            if _is_scalar_expr(node.left) and all(_is_scalar_expr(c) for c in node.comparators):
-                return []
-            return [COMPARE_LABELS[type(op)] for op in node.ops if type(op) in COMPARE_LABELS]
-        if isinstance(node, ast.Call):
-            return self._call(node)
-        return []
-
-    def _call(self, node: ast.Call) -> list[str]:
-        func = node.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-            if func.attr in self.modules:
-                return list(self.modules[func.attr])
-            if func.attr in self.methods and func.attr not in self._stack and func.attr not in ("__init__", "forward"):
-                self._stack.append(func.attr)  # follow helper methods, once per call chain
-                for stmt in self.methods[func.attr].body:
-                    self.walk(stmt)
-                self._stack.pop()
-            return []
-        qualified = _qualified(func, self.aliases)
-        if qualified is not None:
-            if not qualified.startswith(_LABELLED_ROOTS):
-                return []
-            name = qualified.rsplit(".", 1)[-1]
-            return [] if name in ("Parameter", "no_grad", "device", "Size") else [name]
-        if isinstance(func, ast.Attribute):  # a method on a tensor expression
-            if _is_scalar_expr(func.value) or func.attr in NON_OP_METHODS:
-                return []
-            return [func.attr]
-        return []
-
-
-# --------------------------------------------------------------------------------------------
-# Binding shapes and planning steps
-# --------------------------------------------------------------------------------------------
-
-Dim = tuple  # (size: int, code: str | None) - code is an identifier/expression, None for a literal
-
-
-class Idents:
-    """Module-level constant names of one task: `in_channels`, `in_channels_2`, ... -> size."""
-
-    def __init__(self, values: Mapping[str, int] | None = None):
-        self.values: dict[str, int] = dict(values or {})
-
-    def name(self, symbol: str, value: int) -> str:
-        base = DIMS[symbol][0]
-        candidate, n = base, 2
-        while candidate in self.values and self.values[candidate] != value:
-            candidate, n = f"{base}_{n}", n + 1
-        self.values[candidate] = value
-        return candidate
-
-    def copy(self) -> "Idents":
-        return Idents(self.values)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One seed placed in a chain: its bound dims, the shape x has when it arrives, and the view
-    (`glue`, a Tensor method call such as `flatten(1)`) applied to x first."""
-
-    seed: Seed
-    dims: tuple  # ((symbol, Dim), ...)
-    x_shape: tuple  # (Dim, ...)
-    glue: str = ""
-
-    @property
-    def dim_map(self) -> dict[str, Dim]:
-        return dict(self.dims)
-
-
-@functools.lru_cache(maxsize=None)
-def _parse(template: str) -> cst.BaseExpression:
-    return cst.parse_expression(template)
-
-
-@functools.lru_cache(maxsize=None)
-def _template_symbols(template: str) -> tuple[str, ...]:
-    names = [n.id for n in ast.walk(ast.parse(template, mode="eval")) if isinstance(n, ast.Name)]
-    return tuple(dict.fromkeys(n for n in names if n in DIMS))
-
-
-def seed_symbols(seed: Seed) -> tuple[str, ...]:
-    """Dim symbols a seed uses, in order: constructor/config templates, call, then input shapes."""
-    found: list[str] = []
-    for template in [t for _, t in seed.modules] + ([seed.config] if seed.config else []) + [seed.call]:
-        found.extend(_template_symbols(template))
-    for spec in seed.inputs:
-        for el in ([] if spec.shape == LIKE_X else spec.shape):
-            if isinstance(el, str) and el not in ("_", "..."):
-                found.extend(_template_symbols(el))
-        if isinstance(spec.high, str):
-            found.append(spec.high)
-    return tuple(dict.fromkeys(found))
-
-
-def _align(pattern: Sequence, shape: Sequence[Dim]) -> list | None:
-    """The pattern element each dim of `shape` falls under ("..." dims get None); None if ranks differ."""
-    if "..." in pattern:
-        i = pattern.index("...")
-        head, tail = list(pattern[:i]), list(pattern[i + 1:])
-        if len(shape) < len(head) + len(tail):
-            return None
-        return head + [None] * (len(shape) - len(head) - len(tail)) + tail
-    return list(pattern) if len(shape) == len(pattern) else None
-
-
-def bind(pattern: Sequence, shape: Sequence[Dim]) -> dict[str, Dim] | None:
-    """Match a shape pattern against a concrete shape; the symbol -> Dim binding, or None."""
-    aligned = _align(pattern, shape)
-    if aligned is None:
-        return None
-    bound: dict[str, Dim] = {}
-    for p, d in zip(aligned, shape):
-        if p is None or p == "_":
-            continue
-        if isinstance(p, int):
-            if d[0] != p:
-                return None
-        elif p in bound:
-            if bound[p][0] != d[0]:
-                return None
-        else:
-            bound[p] = d
-    return bound
-
-
-def _rank_range(pattern: Sequence) -> tuple[int, int | None]:
-    n = len(pattern) - (1 if "..." in pattern else 0)
-    return n, (None if "..." in pattern else n)
-
-
-def glue_for(pattern: Sequence, shape: tuple, unsqueeze: bool = False) -> tuple[str, tuple] | None:
-    """The cheap view that gives x a rank the pattern accepts: ("", shape) when none is needed,
-    None when there is none (x.flatten(k) drops rank; x.unsqueeze(-1) adds it if allowed)."""
-    lo, hi = _rank_range(pattern)
-    rank = len(shape)
-    if hi is not None and rank > hi:
-        if hi == 0:
-            return None
-        rest = shape[hi - 1:]
-        return f"flatten({hi - 1})", tuple(shape[: hi - 1]) + ((math.prod(v for v, _ in rest), None),)
-    if rank < lo:
-        if not unsqueeze:
-            return None
-        return ".".join(["unsqueeze(-1)"] * (lo - rank)), tuple(shape) + ((1, None),) * (lo - rank)
-    return "", tuple(shape)
-
-
-def _resolve(seed: Seed, bound: Mapping[str, Dim], idents: Idents, scale: int) -> dict[str, Dim]:
-    dims: dict[str, Dim] = {}
-    for symbol, (value, code) in bound.items():
-        dims[symbol] = (value, code if code and code.isidentifier() else idents.name(symbol, value))
-    for symbol in seed_symbols(seed):
-        if symbol not in dims:
-            value = DIMS[symbol][1] * scale
-            dims[symbol] = (value, idents.name(symbol, value))
-    return dims
-
-
-def _eval_dim(expr: str, dims: Mapping[str, Dim]) -> Dim:
-    value = eval(compile(expr, "<dim>", "eval"), {"__builtins__": {}}, {s: v for s, (v, _) in dims.items()})  # noqa: S307
-    code = re.sub(r"\b[A-Z]\b", lambda m: dims[m.group(0)][1], expr)
-    return int(value), code.replace("*", " * ")
-
-
-def shape_of(spec_shape: tuple, dims: Mapping[str, Dim], x_shape: tuple) -> tuple:
-    if spec_shape == LIKE_X:
-        return tuple(x_shape)
-    out = []
-    for el in spec_shape:
-        if isinstance(el, int):
-            out.append((el, None))
-        elif el in dims:
-            out.append(dims[el])
-        else:
-            out.append(_eval_dim(el, dims))
-    return tuple(out)
-
-
-def first_step(seed: Seed, idents: Idents, scale: int = 1) -> Step:
-    dims = _resolve(seed, {}, idents, scale)
-    return Step(seed, tuple(dims.items()), shape_of(seed.primary.shape, dims, ()))
-
-
-def next_step(seed: Seed, x_shape: tuple, idents: Idents, scale: int = 1, allow_glue: bool = True,
-              allow_unsqueeze: bool = False) -> Step | None:
-    """Place `seed` after a step whose output has `x_shape`; None when the shapes cannot connect."""
-    glued = glue_for(seed.pattern, x_shape, allow_unsqueeze) if allow_glue else ("", tuple(x_shape))
-    if glued is None:
-        return None
-    glue, shape = glued
-    bound = bind(seed.pattern, shape)
-    if bound is None:
-        return None
-    dims = _resolve(seed, bound, idents, scale)
-    # literal dims of x take the names of the symbols they were bound to
-    shape = tuple(dims[p] if isinstance(p, str) and p in dims else d for p, d in zip(_align(seed.pattern, shape), shape))
-    return Step(seed, tuple(dims.items()), shape, glue)
-
-
-def name_output(step: Step, out_shape: Sequence[int]) -> tuple:
-    """Dims of a step's output: reuse the names of x's dims and the seed's dims where sizes match."""
-    xs = step.x_shape
-    if tuple(v for v, _ in xs) == tuple(out_shape):
-        return xs
-    pool = [d for _, d in step.dims] + [d for d in xs if d[1]]
-    named = []
-    for i, value in enumerate(out_shape):
-        if i < len(xs) and xs[i][0] == value and xs[i][1]:
-            named.append(xs[i])
-        else:
-            named.append(next((d for d in pool if d[0] == value), (value, None)))
-    return tuple(named)
-
-
-# --------------------------------------------------------------------------------------------
-# Rendering with libcst
-# --------------------------------------------------------------------------------------------
-
-
-class _Substitute(cst.CSTTransformer):
-    """Replace placeholder names (inputs, dims, `cfg`) and module slots (`self.op`) in a template.
-    Attribute names and keyword-argument names are never replaced."""
-
-    def __init__(self, names: Mapping[str, cst.BaseExpression], slots: Mapping[str, str]):
-        super().__init__()
-        self.names, self.slots = names, slots
-        self._protected: set[int] = set()
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        self._protected.add(id(node.attr))
-        return True
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        if node.keyword is not None:
-            self._protected.add(id(node.keyword))
-        return True
-
-    def visit_Param(self, node: cst.Param) -> bool:
-        self._protected.add(id(node.name))
-        return True
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        if id(original) in self._protected:
-            return updated
-        return self.names.get(original.value, updated)
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-        if isinstance(original.value, cst.Name) and original.value.value == "self" and original.attr.value in self.slots:
-            return updated.with_changes(value=cst.Name("self"), attr=cst.Name(self.slots[original.attr.value]))
-        return updated
-
-
-def _substitute(template: str, names: Mapping[str, cst.BaseExpression],
-                slots: Mapping[str, str] | None = None) -> cst.BaseExpression:
-    return _parse(template).visit(_Substitute(names, slots or {}))
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-
-
-def _slot_base(template: str) -> str:
-    func = _parse(template)
-    while isinstance(func, cst.Call):
-        func = func.func
-    name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "op")
-    return _snake(name)
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
-
-
-def _domain_expr(spec: InputSpec, shape: tuple, dims: Mapping[str, Dim]) -> str:
-    shape_code = ", ".join(code or str(value) for value, code in shape)
-    high = spec.high
-    high_code = dims[high][1] if isinstance(high, str) else str(high)
-    tuple_code = f"({shape_code},)" if len(shape) == 1 else f"({shape_code})"
-    return DOMAINS[spec.domain].replace("SHAPE", shape_code).replace("TUPLE", tuple_code).replace("HIGH", high_code)
-
-
-def _line(node: cst.BaseSmallStatement) -> cst.SimpleStatementLine:
-    return cst.SimpleStatementLine(body=[node])
-
-
-def _assign(target: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
-    return _line(cst.Assign(targets=[cst.AssignTarget(target=_parse(target))], value=value))
-
-
-def _function(name: str, params: Sequence[str], body: Sequence[cst.BaseStatement], blank_lines: int) -> cst.FunctionDef:
-    return cst.FunctionDef(
-        name=cst.Name(name),
-        params=cst.Parameters(params=[cst.Param(cst.Name(p)) for p in params]),
-        body=cst.IndentedBlock(body=list(body)),
-        leading_lines=[cst.EmptyLine(indent=False)] * blank_lines,
-    )
-
-
-_SUPER_INIT = cst.parse_statement("super().__init__()")
-
-
-@functools.lru_cache(maxsize=None)
-def _parse_statement(source: str) -> cst.BaseStatement:
-    return cst.parse_statement(source)
-
-
-def _identifiers(code: str) -> list[str]:
-    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*", code)
-
-
-def _template_idents(template: str, dims: Mapping[str, Dim]) -> list[str]:
-    """Identifiers the dims of a template render to (e.g. `in_channels` for `C`)."""
-    return [n for symbol in _template_symbols(template) if symbol in dims for n in _identifiers(dims[symbol][1])]
-
-
-def render_steps(steps: Sequence[Step], idents: Idents, doc: str = "") -> str:
-    """KernelBench-format source for a chain of steps (the first step's x comes from get_inputs)."""
-    taken_attrs: set[str] = set()
-    taken_vars: set[str] = {"x", "self"}
-    init_body: list[cst.BaseStatement] = [_SUPER_INIT]
-    init_idents: list[str] = []
-    forward_idents: list[str] = []
-    forward_body: list[cst.BaseStatement] = []
-    forward_params = ["self", "x"]
-    input_exprs = [_domain_expr(steps[0].seed.primary, steps[0].x_shape, steps[0].dim_map)]
-    imports = list(BASE_IMPORTS)
-    for step in steps:
-        seed, dims = step.seed, step.dim_map
-        imports.extend(i for i in seed.imports if i not in imports)
-        names: dict[str, cst.BaseExpression] = {s: _parse(code) for s, (_, code) in dims.items()}
-        names["x"] = cst.Name("x")
-        cfg_at = len(init_idents)
-        if seed.config:
-            cfg = _unique("cfg", taken_vars)
-            names["cfg"] = cst.Name(cfg)
-            init_body.append(_assign(cfg, _substitute(seed.config, names)))
-        slots = {slot: _unique(_slot_base(template), taken_attrs) for slot, template in seed.modules}
-        for spec in seed.inputs[1:]:
-            shape = shape_of(spec.shape, dims, step.x_shape)
-            if spec.param:
-                attr = _unique(spec.name, taken_attrs)
-                names[spec.name] = _parse(f"self.{attr}")
-                expr = f"nn.Parameter({_domain_expr(spec, shape, dims)})"
-                init_idents.extend(_identifiers(expr))
-                init_body.append(_assign(f"self.{attr}", _parse(expr)))
-            else:
-                var = _unique(spec.name, taken_vars)
-                names[spec.name] = cst.Name(var)
-                forward_params.append(var)
-                input_exprs.append(_domain_expr(spec, shape, dims))
-        for slot, template in seed.modules:
-            init_idents.extend(_template_idents(template, dims))
-            init_body.append(_assign(f"self.{slots[slot]}", _substitute(template, names, slots)))
-        if seed.config:
-            init_idents[cfg_at:cfg_at] = _template_idents(seed.config, dims)
-        if step.glue:
-            forward_body.append(_assign("x", _parse(f"x.{step.glue}")))
-        forward_idents.extend(_template_idents(seed.call, dims))
-        forward_body.append(_assign("x", _substitute(seed.call, names, slots)))
-    forward_body.append(_line(cst.Return(value=cst.Name("x"))))
-
-    input_idents = [n for e in input_exprs for n in _identifiers(e)]
-    init_params = [n for n in dict.fromkeys(init_idents) if n in idents.values]
-    used = set(init_idents) | set(forward_idents) | set(input_idents)
-    constants = [n for n in dict.fromkeys(input_idents + list(idents.values)) if n in idents.values and n in used]
-
-    class_body: list[cst.BaseStatement] = []
-    if doc:
-        class_body.append(_line(cst.Expr(cst.SimpleString(f'"""{doc}"""'))))
-    class_body.append(_function("__init__", ["self", *init_params], init_body, 1 if doc else 0))
-    class_body.append(_function("forward", forward_params, forward_body, 1))
-    model = cst.ClassDef(name=cst.Name("Model"), bases=[cst.Arg(value=cst.parse_expression("nn.Module"))],
-                         body=cst.IndentedBlock(body=class_body), leading_lines=[cst.EmptyLine(indent=False)] * 2)
-    consts = [_assign(n, cst.Integer(str(idents.values[n]))) for n in constants]
-    if consts:
-        consts[0] = consts[0].with_changes(leading_lines=[cst.EmptyLine(indent=False)] * 2)
-    get_inputs = _function("get_inputs", [], [_line(cst.Return(value=cst.List(
-        [cst.Element(_parse(e)) for e in input_exprs])))], 2)
-    get_init_inputs = _function("get_init_inputs", [], [_line(cst.Return(value=cst.List(
-        [cst.Element(cst.Name(n)) for n in init_params])))], 2)
-    header = [_parse_statement(i) for i in imports]
-    return cst.Module(body=[*header, model, *consts, get_inputs, get_init_inputs]).code
-
-
-def seed_task(seed: Seed, scale: int = 1) -> Task:
-    """The KernelBench task of a single seed (see Seed.to_task)."""
-    task = _seed_task(seed, scale)
-    return replace(task, provenance=dict(task.provenance))
-
-
-@functools.lru_cache(maxsize=4096)
-def _seed_task(seed: Seed, scale: int) -> Task:  # seeds are immutable: render each once
-    idents = Idents()
-    step = first_step(seed, idents, scale)
-    code = render_steps([step], idents, doc=f"{seed.name}: {seed.qualified_name}")
-    provenance = {"seed_id": seed.id, "kind": seed.kind, "family": seed.family, "scale": scale}
-    return Task(id=f"seed/{seed.id}", name=seed.name, code=code, level=1, source="synth:seed", provenance=provenance)
-
-
-def seed_snippet(seed: Seed) -> str:
-    """A seed's constructor call(s) (or forward call) with dims at their scale-1 sizes."""
-    names: dict[str, cst.BaseExpression] = {s: cst.Integer(str(DIMS[s][1])) for s in seed_symbols(seed)}
-    if seed.config:
-        names["cfg"] = _substitute(seed.config, names)
-    templates = [t for _, t in seed.modules] or [seed.call]
-    return "; ".join(cst.Module(body=[]).code_for_node(_substitute(t, names)) for t in templates)
+# CUDA-Agent-Ops-6K has 71 transformers rows of 6,000 (1.2%). Half a percent of the seed draws on
+# transformers seeds gives 4 of 200 composed tasks (2%, seeds 0-1) whose chain holds one; families
+# weighted alike across both packages gave 55% (transformers has 9 of the 21 families).
+TRANSFORMERS_SHARE = 0.005
 
 
 # --------------------------------------------------------------------------------------------
@@ -647,6 +71,15 @@ class Reject:
 
     reason: str  # stable code: no_chain, no_seeds, verify_failed, label_mismatch; llm_* (llm.REJECT_REASONS)
     detail: str = ""
+
+
+class ComposeStopped(TaskError):
+    """A composer that cannot go on (its endpoint stopped answering, its call cap is spent, or it was
+    interrupted): the round stops unfinished; what was answered stays in the composer's cache."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason  # stable code: endpoint_unreachable, endpoint_down, call_cap, interrupted
 
 
 class Composer(Protocol):
@@ -676,6 +109,9 @@ class ComposeConfig:
     allow_glue: bool = True  # insert x.flatten(k) where x has more dims than the next seed takes
     allow_unsqueeze: bool = False  # also x.unsqueeze(-1) where it has fewer (gives size-1 dims)
     family_weights: Mapping[str, float] = field(default_factory=dict)  # Seed.family -> weight; default 1
+    # Share of the seed-draw mass on transformers seeds (None: families weighted alike across both
+    # packages, which gives transformers seeds 9 of 21 families and makes half the tasks transformers).
+    transformers_share: float | None = TRANSFORMERS_SHARE
     final_dtypes: tuple[str, ...] = ("float32", "int64")  # dtypes a task may return
     max_attempts: int = 40  # chains started per compose() call
     max_candidates: int = 60  # seeds probed per chain position
@@ -685,7 +121,9 @@ class ComposeConfig:
     # them fit on one GPU at once.
     max_numel: int | None = None
     k_retries: int = 5  # compose() calls per sampled K before the step gives up on it
-    llm: LLMConfig | None = None  # the llm composer's endpoint and limits (None: LLMConfig() from the env)
+    # The llm composer's endpoint and limits, a cudagym.synth.llm.LLMConfig (None: LLMConfig() from the
+    # env). Not annotated with that class: llm builds on compose, never the other way round.
+    llm: object | None = None
 
     def __post_init__(self):
         if self.composer not in COMPOSERS and self.composer in LAZY_COMPOSERS:
@@ -698,8 +136,15 @@ class ComposeConfig:
             raise ValueError(f"k_distribution must weight K in 1..5: {self.k_distribution}")
         if self.scale < 1:
             raise ValueError("scale must be >= 1")
+        if self.transformers_share is not None and not 0 <= self.transformers_share <= 1:
+            raise ValueError(f"transformers_share must be in [0, 1], got {self.transformers_share}")
         if self.max_numel is None:
             object.__setattr__(self, "max_numel", min((1 << 22) * self.scale ** 2, 1 << 28))
+
+
+def seed_source(seed: Seed) -> str:
+    """`transformers` or `torch`: the package a seed comes from."""
+    return "transformers" if seed.qualified_name.startswith("transformers") else "torch"
 
 
 def sample_k(distribution: Mapping[int, float], rng: random.Random) -> int:
@@ -802,9 +247,22 @@ class ProgrammaticComposer:
         return _Chain(chain.steps + [step], idents, name_output(step, probe[0]), probe[1], step.seed.out_domain)
 
     def _weights(self, pool: Sequence[Seed]) -> list[float]:
-        """Each family gets `family_weights[family]` (default 1) of the mass, split over its seeds."""
-        sizes = Counter(s.family for s in pool)
-        return [self.config.family_weights.get(s.family, 1.0) / sizes[s.family] for s in pool]
+        """Each family gets `family_weights[family]` (default 1) of the mass, split over its seeds.
+        With `transformers_share` set and seeds of both sources in the pool, families are counted per
+        source and transformers seeds get that share of the mass, torch seeds the rest."""
+        fw = self.config.family_weights
+        share = self.config.transformers_share
+        sources = [seed_source(s) for s in pool]
+        if share is None or len(set(sources)) < 2:
+            sizes = Counter(s.family for s in pool)
+            return [fw.get(s.family, 1.0) / sizes[s.family] for s in pool]
+        sizes = Counter(zip(sources, (s.family for s in pool)))
+        mass = Counter()
+        for source, family in sizes:
+            mass[source] += fw.get(family, 1.0)
+        wanted = {"transformers": share, "torch": 1.0 - share}
+        return [fw.get(s.family, 1.0) / sizes[(src, s.family)] * wanted[src] / mass[src] if mass[src] else 0.0
+                for s, src in zip(pool, sources)]
 
     def _order(self, pool: Sequence[Seed], weights: Sequence[float], rng: random.Random, n: int) -> list[Seed]:
         """n seeds drawn without replacement with the given weights (Efraimidis-Spirakis keys)."""
@@ -861,11 +319,12 @@ class ComposeStep:
     `stats` counts `in` (compose calls), `kept` and `dropped_<reason>`; `rejects` keeps the rejects;
     `composer_stats` the composer's own counters after a run (the llm composer: requests, tokens)."""
 
-    def __init__(self, config: ComposeConfig | None = None):
+    def __init__(self, config: ComposeConfig | None = None, progress: Callable[[str], None] | None = None):
         self.config = config or ComposeConfig()
         self.stats: Counter = Counter()
         self.rejects: list[Reject] = []
         self.composer_stats: Counter = Counter()
+        self.progress = progress or log.info  # one line per batch of a batched (llm) composer
 
     def run(self, seeds: Iterable[Seed]) -> Iterator[Task]:
         seeds = list(seeds)
@@ -887,6 +346,9 @@ class ComposeStep:
                     yield result
                     break
         log.info("compose (%s): %s", self.config.composer, dict(self.stats))
+
+    def progress_line(self, composer_stats: Mapping, max_calls: int | None = None) -> str:
+        return _progress_line(self.stats, composer_stats, max_calls)
 
     def _keep(self, result: Task | Reject, k: int, seen: set[str]) -> bool:
         """Count one composition of K seeds: a reject or a duplicate is dropped, a new task kept."""
@@ -920,18 +382,40 @@ class ComposeStep:
                 slots = [again.popleft() if again else (sample_k(cfg.k_distribution, rng), 0)
                          for _ in range(min(width, cfg.n_tasks - kept, budget - self.stats["in"]))]
                 requests = [(composer.pick(seeds, k, rng), k) for k, _ in slots]
+                batch = []
                 for (k, tries), result in zip(slots, composer.compose_batch(requests)):
                     self.stats["in"] += 1
                     if self._keep(result, k, seen):
                         kept += 1
-                        yield result
+                        batch.append(result)
                     elif tries + 1 < cfg.k_retries:
                         again.append((k, tries + 1))
+                self.progress(self.progress_line(getattr(composer, "stats", {}), getattr(composer, "max_calls", None)))
+                stopped = getattr(composer, "stopped", None)
+                if stopped is not None:  # the round is not finished: nothing of it is stored but the answers
+                    raise ComposeStopped(*stopped)
+                yield from batch
         finally:
             self.composer_stats = Counter(getattr(composer, "stats", {}))
             if hasattr(composer, "close"):
                 composer.close()
         log.info("compose (%s): %s; composer: %s", cfg.composer, dict(self.stats), dict(self.composer_stats))
+
+
+TRANSPORT_REJECTS = ("llm_error", "llm_timeout", "llm_rate_limited", "llm_endpoint_down", "llm_call_cap",
+                     "llm_stopped")  # no answer came back: not counted as answered
+
+
+def _progress_line(stats: Counter, composer_stats: Mapping, max_calls: int | None) -> str:
+    """`asked 8, answered 7, parsed 5, kept 4, rejected llm_no_code 2, llm_error 1; LLM calls 9 of 100`."""
+    rejected = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
+    answered = stats["in"] - sum(rejected.get(r, 0) for r in TRANSPORT_REJECTS)
+    parsed = stats["kept"] + rejected.get("duplicate", 0)
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(rejected.items(), key=lambda kv: -kv[1])) or "none"
+    calls = composer_stats.get("requests", 0)
+    cached = composer_stats.get("cache_hits", 0)
+    return (f"asked {stats['in']}, answered {answered}, parsed {parsed}, kept {stats['kept']}, rejected {reasons}; "
+            f"LLM calls {calls}{f' of {max_calls}' if max_calls else ''}" + (f", {cached} cached" if cached else ""))
 
 
 def compose_tasks(seeds: Iterable[Seed], config: ComposeConfig | None = None) -> list[Task]:

@@ -38,16 +38,10 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from cudagym.endpoint import PLACEHOLDER_API_KEY, classify_api_error, retry_after_s  # noqa: F401 - re-exported
-from cudagym.synth.compose import (
-    ComposeConfig,
-    ProgrammaticComposer,
-    Reject,
-    data_source_of,
-    ops_from_code,
-    register_composer,
-    seed_snippet,
-)
-from cudagym.synth.crawl import Seed
+from cudagym.synth.compose import ComposeConfig, ProgrammaticComposer, Reject, register_composer
+from cudagym.synth.labels import data_source_of, ops_from_code
+from cudagym.synth.render import seed_snippet
+from cudagym.synth.seeds import Seed
 from cudagym.tasks import Task, sha256_text
 
 log = logging.getLogger(__name__)

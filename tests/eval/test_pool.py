@@ -78,6 +78,16 @@ def test_no_import_cycle_runs_through_cudagym_eval():
     assert through_eval == []
 
 
+def test_no_import_cycle_runs_through_cudagym_synth():
+    """synth's layers import one way (seeds <- labels, render <- crawl <- compose <- llm <- build):
+    compose once imported crawl, crawl compose (lazily) and llm compose (compose llm for a type)."""
+    modules = cudagym_modules()
+    graph = {name: imports_of(name, path, is_package, modules) for name, (path, is_package) in modules.items()}
+    assert {"cudagym.synth.crawl", "cudagym.synth.render"} <= graph["cudagym.synth.compose"]
+    assert "cudagym.synth.crawl" in graph["cudagym.synth.build"]  # lazy (in crawl_stage), seen too
+    assert [c for c in cycles(graph) if any(m.startswith("cudagym.synth") for m in c)] == []
+
+
 def test_the_cycle_finder_finds_a_lazy_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

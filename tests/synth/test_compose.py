@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections import Counter
 
@@ -162,7 +161,6 @@ def test_ops_from_code_uses_the_ast_only():
     assert data_source_of("from transformers.activations import NewGELUActivation\n" + LABEL_CODE) == "transformers"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_transformers_seeds_compose():
     t_seeds = {s.name: s for s in crawl_transformers()[0]}
     torch_seeds = {s.id: s for s in crawl_torch()[0]}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
@@ -11,9 +10,7 @@ import torch
 
 from cudagym.synth import crawl
 from cudagym.synth.crawl import KINDS, Seed, Skip, crawl_torch, crawl_transformers
-
-HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-
+from cudagym.synth.render import seed_snippet, seed_task
 
 @pytest.fixture(scope="module")
 def torch_crawl() -> tuple[list[Seed], list[Skip]]:
@@ -39,12 +36,10 @@ def test_counts_meet_targets(torch_crawl, transformers_crawl):
     seeds, _ = torch_crawl
     assert len(seeds) >= 250
     assert {s.kind for s in seeds} == {"nn_module", "functional", "tensor_op"}
-    t_seeds, t_skips = transformers_crawl
-    if HAS_TRANSFORMERS:
-        assert len(t_seeds) >= 50
-        assert {s.kind for s in t_seeds} == {"transformers_block"}
-    else:
-        assert t_seeds == [] and [s.reason for s in t_skips] == ["import_error"]
+    t_seeds, t_skips = transformers_crawl  # transformers is a core dependency: CI crawls it
+    assert len(t_seeds) >= 50
+    assert {s.kind for s in t_seeds} == {"transformers_block"}
+    assert "import_error" not in {s.reason for s in t_skips}
 
 
 def test_missing_transformers_is_one_skip_not_a_crash(monkeypatch):
@@ -59,7 +54,7 @@ def test_seed_records(torch_crawl, transformers_crawl):
         assert seed.kind in KINDS and seed.qualified_name and seed.name
         assert seed.arity == len(seed.input_ranks) >= 1
         assert seed.output_rank == len(seed.output_shape)
-        assert seed.snippet and seed.ops
+        assert seed_snippet(seed) and seed.ops
         assert all(spec.domain in crawl.DOMAINS for spec in seed.inputs)
     ids = [s.id for s in torch_crawl[0] + transformers_crawl[0]]
     assert len(ids) == len(set(ids))
@@ -76,7 +71,7 @@ def test_seed_families_cover_the_issue_list(torch_crawl):
                  "torch.nn.Upsample", "torch.nn.MultiheadAttention", "torch.nn.LSTMCell", "torch.nn.Embedding",
                  "torch.Tensor.__add__#bias"]:
         assert name in by_id, name
-    assert by_id["torch.nn.Conv2d"].snippet == "nn.Conv2d(8, 16, 3)"
+    assert seed_snippet(by_id["torch.nn.Conv2d"]) == "nn.Conv2d(8, 16, 3)"
     index_inputs = [spec for spec in by_id["torch.gather"].inputs if spec.domain == "index"]
     assert index_inputs and index_inputs[0].dtype == "int64"
 
@@ -85,7 +80,7 @@ def test_sampled_seed_tasks_run_on_cpu(torch_crawl, transformers_crawl):
     seeds = torch_crawl[0][::9] + transformers_crawl[0][::6]
     assert len(seeds) >= 50
     for seed in seeds:
-        task = seed.to_task()
+        task = seed_task(seed)
         assert "class Model(nn.Module)" in task.code and "def get_init_inputs" in task.code
         out, _ = _run(task)
         assert isinstance(out, torch.Tensor), seed.id
@@ -94,7 +89,7 @@ def test_sampled_seed_tasks_run_on_cpu(torch_crawl, transformers_crawl):
 
 def test_scale_multiplies_symbolic_dims(torch_crawl):
     conv = next(s for s in torch_crawl[0] if s.id == "torch.nn.Conv2d")
-    small, large = conv.to_task(), conv.to_task(scale=2)
+    small, large = seed_task(conv), seed_task(conv, scale=2)
     _, (x1,) = _run(small)
     out, (x2,) = _run(large)
     assert tuple(x2.shape) == tuple(2 * d for d in x1.shape)
@@ -126,7 +121,7 @@ def test_no_stochastic_seed(torch_crawl, transformers_crawl):
     seeds = torch_crawl[0] + transformers_crawl[0]
     assert not [s.id for s in seeds if stochastic.search(s.qualified_name.rsplit(".", 1)[-1])]
     for seed in seeds[::25]:  # two runs of one model on the same inputs agree
-        task = seed.to_task()
+        task = seed_task(seed)
         namespace: dict = {}
         exec(task.code, namespace)
         model = namespace["Model"](*namespace["get_init_inputs"]())
