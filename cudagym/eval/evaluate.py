@@ -140,14 +140,34 @@ def validate_candidate(ref_code: str, candidate_code: str) -> None:
         raise CandidateError(f"ModelNew.__init__ takes {required}..{total} arguments but Model's takes {ref_total}")
 
 
-def static_flags(ref_code: str, candidate_code: str, policy: str) -> list[str]:
+# Extra files a candidate may bring (an agent's kernels/): C++/CUDA sources and headers, nothing the
+# static checks cannot read (a Python helper module would be an unchecked second candidate).
+CANDIDATE_FILE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
+
+
+def validate_candidate_files(files: dict[str, str]) -> None:
+    """Raise CandidateError with one line for a file name the runner must not write or a kind of file
+    the static checks cannot read."""
+    for name, text in files.items():
+        parts = name.replace("\\", "/").split("/")
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise CandidateError(f"candidate file {name!r}: a relative path without '..' is expected")
+        if not name.endswith(CANDIDATE_FILE_SUFFIXES) or name == "candidate.py":
+            raise CandidateError(f"candidate file {name!r}: only C++/CUDA sources and headers "
+                                 f"({' '.join(CANDIDATE_FILE_SUFFIXES)}) may come with a candidate")
+        if not isinstance(text, str):
+            raise CandidateError(f"candidate file {name!r}: text expected")
+
+
+def static_flags(ref_code: str, candidate_code: str, policy: str, files: dict[str, str] | None = None) -> list[str]:
     from cudagym.eval.static import reference_dtypes, static_flags as flags_of
 
     try:
         task_dtypes = reference_dtypes(ref_code)
     except SyntaxError:  # the judge reports a broken reference; here it only means no half types
         task_dtypes = set()
-    return flags_of(candidate_code, policy=policy, task_dtypes=task_dtypes | {"float32"})
+    return flags_of(candidate_code, policy=policy, task_dtypes=task_dtypes | {"float32"},
+                    extra_cuda_sources=list((files or {}).values()))
 
 
 def _cache_dirs() -> list[str]:
@@ -264,23 +284,28 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
 
 
 def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = EvalConfig(),
-                       task: Task | None = None, t_compile_ms: float | None = None) -> Verdict:
-    """Judge one candidate against one reference; always returns a Verdict."""
+                       task: Task | None = None, t_compile_ms: float | None = None,
+                       files: dict[str, str] | None = None) -> Verdict:
+    """Judge one candidate against one reference; always returns a Verdict.
+    files: extra C++/CUDA files (relative path -> text) the runner writes beside the candidate's
+    module before importing it, so `os.path.dirname(__file__)` finds them (an agent's kernels/)."""
     meta = {"level": task.level, "problem_id": task.problem_id, "name": task.name, "kb_version": task.kb_version} if task else {}
     verdict = Verdict(status=Status.PASS, timing_mode=config.timing_mode, precision=config.precision, **meta)
     try:
         validate_candidate(ref_code, candidate_code)
+        validate_candidate_files(files or {})
     except CandidateError as e:
         verdict.status, verdict.reason = Status.COMPILE_ERROR, str(e)
         return verdict.finish()
     if config.static_checks:
-        flags = static_flags(ref_code, candidate_code, config.policy)
+        flags = static_flags(ref_code, candidate_code, config.policy, files)
         if flags:
             verdict.status, verdict.flags = Status.REJECTED, flags
             verdict.reason = "static checks fired: " + ", ".join(flags)
             return verdict.finish()
     config = with_timing_cpus(config)
-    request = {"mode": "eval", "ref_code": ref_code, "candidate_code": candidate_code, "device": config.device,
+    request = {"mode": "eval", "ref_code": ref_code, "candidate_code": candidate_code, "candidate_files": files or None,
+               "device": config.device,
                "policy": config.policy, "n_checks": config.n_checks, "atol": config.atol, "rtol": config.rtol,
                "timing_mode": config.timing_mode, "precision": config.precision, "time_candidate": config.time_candidate,
                "call_timeout_s": config.timeout_s, "init_timeout_s": config.build_timeout_s,

@@ -69,6 +69,7 @@ class Request:
     ref_code: str
     workdir: str
     candidate_code: str | None = None
+    candidate_files: dict | None = None  # relative path -> text, written beside candidate.py (an agent's kernels/)
     device: str = "cpu"
     policy: str = "strict"
     n_checks: int = 5
@@ -277,6 +278,14 @@ def task_dtypes(ref: types.ModuleType, init_args: list) -> set[str]:
 
 
 # -- the runner connection --------------------------------------------------------------------------
+def candidate_key(code: str | None, files: dict | None) -> str:
+    """A build directory name for a candidate: its code and its extra files, so an edited kernel file rebuilds."""
+    digest = hashlib.sha256((code or "").encode())
+    for name in sorted(files or {}):
+        digest.update(b"\0" + name.encode() + b"\0" + files[name].encode())
+    return digest.hexdigest()[:16]
+
+
 class RunnerProcess:
     """The candidate's process, spoken to over a socket pair. Every reply is JSON (plus torch.save
     bytes for CPU outputs, loaded with weights_only); nothing the candidate sends is unpickled."""
@@ -299,7 +308,7 @@ class RunnerProcess:
         # The candidate writes only its own build directory (keyed by its code, so a re-run reuses the
         # build), never the shared caches: a planted library there would be loaded by later candidates.
         ext_dir = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR", os.path.join(req.workdir, "ext")),
-                               "candidate-" + hashlib.sha256((req.candidate_code or "").encode()).hexdigest()[:16])
+                               "candidate-" + candidate_key(req.candidate_code, req.candidate_files))
         os.makedirs(ext_dir, exist_ok=True)
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TMPDIR=workdir, TORCH_EXTENSIONS_DIR=ext_dir,
                    TRITON_CACHE_DIR=os.path.join(workdir, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(workdir, "inductor"))
@@ -802,7 +811,7 @@ def evaluate(req: Request) -> dict:
     phase_s, t0 = {}, time.perf_counter()
     try:
         # Importing the candidate builds its extension: CPU work, outside the GPU lock.
-        reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, device=req.device,
+        reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, files=req.candidate_files, device=req.device,
                                policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)),
                                timing_mode=req.timing_mode, precision=req.precision)
         result["env"]["sandbox"] = reply.get("sandbox")

@@ -56,7 +56,7 @@ class Runner:
 
     # -- requests ---------------------------------------------------------------------------------
     def op_load(self, code: str, device: str, policy: str, task_dtypes: list[str], timing_mode: str = "strict",
-                precision: str = "strict") -> None:
+                precision: str = "strict", files: dict | None = None) -> None:
         """Import the candidate (this builds its extension), after snapshotting everything it could tamper with."""
         import torch
 
@@ -74,9 +74,12 @@ class Runner:
         self.timer = Timer(device)
         self.snapshot = Snapshot.take()
 
-        path = os.path.join(os.getcwd(), "candidate.py")
-        with open(path, "w") as f:
-            f.write(code)
+        # A candidate with files builds from them by path (cpp_extension.load(sources=[...])); ninja
+        # rebuilds when a path or a file's mtime changes, so they live in the build directory keyed by
+        # their content (judge.candidate_key), where a re-run finds them as they were.
+        folder = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR", os.getcwd()), "src") if files else os.getcwd()
+        path = os.path.join(folder, "candidate.py")
+        write_candidate_files(folder, {"candidate.py": code, **(files or {})})
         try:
             import importlib.util
 
@@ -230,6 +233,28 @@ class Runner:
             buf.copy_(t)
         self.timer.sync()
         self.reply(ok=True, flags=flags, ops=ops, **extra)
+
+
+def write_candidate_files(root: str, files: dict) -> None:
+    """The candidate's module and extra files (an agent's kernels/) at their relative paths, where the
+    candidate finds them through `__file__`. The driver checked the names already; a name that would
+    land outside `root` is refused here too."""
+    base = os.path.realpath(root)
+    for name, text in files.items():
+        target = os.path.realpath(os.path.join(base, name))
+        if os.path.isabs(name) or not target.startswith(base + os.sep):
+            raise ValueError(f"candidate file {name!r} is outside the candidate's folder")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            with open(target) as f:
+                if f.read() == text:
+                    continue  # unchanged: its mtime stays, and a build from it stays up to date
+        except (OSError, UnicodeDecodeError):
+            pass
+        scratch = f"{target}.{os.getpid()}.tmp"  # judges of the same candidate may write at once
+        with open(scratch, "w") as f:
+            f.write(text)
+        os.replace(scratch, target)
 
 
 def _input_writes(passed: list, pristine: list) -> dict:

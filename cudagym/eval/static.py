@@ -223,21 +223,25 @@ BUILTIN_NAMES = set(dir(builtins))
 # Public API.
 
 
-def static_flags(source: str, policy: str = "strict", task_dtypes: set[str] | None = None) -> list[str]:
+def static_flags(source: str, policy: str = "strict", task_dtypes: set[str] | None = None,
+                 extra_cuda_sources: list[str] = ()) -> list[str]:
     """Sorted names of the checks of `policy` that fire on a candidate; SyntaxError if it does not parse."""
-    return sorted(static_report(source, policy, task_dtypes))
+    return sorted(static_report(source, policy, task_dtypes, extra_cuda_sources))
 
 
-def static_report(source: str, policy: str = "strict", task_dtypes: set[str] | None = None) -> dict[str, list[str]]:
+def static_report(source: str, policy: str = "strict", task_dtypes: set[str] | None = None,
+                  extra_cuda_sources: list[str] = ()) -> dict[str, list[str]]:
     """Flag name -> details (what fired, where) for the checks of `policy` that fire.
 
     `task_dtypes` are the dtypes the reference uses (see `reference_dtypes`); when they include a
     half type, `precision_downcast` is skipped: the task itself is low precision.
+    `extra_cuda_sources`: C++/CUDA files the candidate builds from (an agent's kernels/), read by the
+    C++ checks like the strings it hands to a loader.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown static policy {policy!r}; known: {sorted(POLICIES)}")
     module = parse_candidate(source)
-    cuda_sources = extract_cuda_sources(module)
+    cuda_sources = extract_cuda_sources(module) + list(extra_cuda_sources)
     names = POLICIES[policy]
     if task_dtypes and {CANONICAL_DTYPE.get(d, d) for d in task_dtypes} & LOW_PRECISION_DTYPES:
         names = [n for n in names if n != "precision_downcast"]

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import threading
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
@@ -88,10 +90,11 @@ def _root_writable() -> bool:
 
 
 class MemoryWatchdog:
-    """Kills a child whose resident memory passes a limit; `fired` says whether it did."""
+    """Kills a child whose resident memory passes a limit; `fired` says whether it did.
+    tree: count the child and all its descendants (a shell's commands, a build's compilers)."""
 
-    def __init__(self, pid: int, limit_bytes: int, period_s: float = 0.05):
-        self.pid, self.limit_bytes, self.period_s = pid, limit_bytes, period_s
+    def __init__(self, pid: int, limit_bytes: int, period_s: float = 0.05, tree: bool = False):
+        self.pid, self.limit_bytes, self.period_s, self.tree = pid, limit_bytes, period_s, tree
         self.fired = False
         self.peak_bytes = 0
         self._stop = threading.Event()
@@ -107,7 +110,7 @@ class MemoryWatchdog:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            rss = rss_bytes(self.pid)
+            rss = tree_rss_bytes(self.pid) if self.tree else rss_bytes(self.pid)
             if rss is None:
                 return
             self.peak_bytes = max(self.peak_bytes, rss)
@@ -128,6 +131,33 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def tree_rss_bytes(pid: int) -> int | None:
+    """Resident memory of `pid` and its descendants (one pass over /proc), None once `pid` is gone."""
+    parents, rss = {}, {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        child = int(entry.name)
+        parents[child], rss[child] = int(fields[1]), int(fields[21]) * page
+    if pid not in rss:
+        return None
+    total, frontier = 0, [pid]
+    children: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        children.setdefault(parent, []).append(child)
+    while frontier:
+        p = frontier.pop()
+        total += rss.get(p, 0)
+        frontier.extend(children.get(p, ()))
+    return total
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL the child's process group (it is started in its own session) and the child."""
     for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
@@ -144,3 +174,217 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with code {returncode}"
+
+
+# -- confined commands (an agent's shell) ------------------------------------------------------------
+# `isolate()` above protects the judge from a candidate it imports. An agent's shell needs more: it
+# must not read other rollouts' workdirs or the judge's temporary files either, and a root shell in
+# a mount namespace could simply remount / read-write. So `run_confined` starts this file as a small
+# launcher that, as root: enters new mount, network, pid, IPC and UTS namespaces; covers `hidden`
+# paths with empty read-only tmpfs mounts and binds the workdir (and build dirs) back; makes every
+# other mount read-only and the protected files read-only bind mounts; then forks the command as
+# pid 1 of the new pid namespace, which mounts a fresh /proc (no other process visible), drops to an
+# unprivileged uid with no_new_privs (no capability left to undo a mount, no setuid binary to regain
+# one), sets RLIMIT_NPROC / RLIMIT_FSIZE / RLIMIT_CORE and execs. When that pid 1 ends, the kernel
+# kills everything else in its namespace: background children never outlive the call, and a
+# timeout or memory kill of the launcher's process group ends the whole tree.
+# Anything that cannot be set up ends the launcher with CONFINE_FAILED before the command runs:
+# it fails closed, never runs unconfined.
+
+CLONE_NEWPID, CLONE_NEWIPC, CLONE_NEWUTS = 0x20000000, 0x08000000, 0x04000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+CONFINE_FAILED = 125  # the launcher's exit status when confinement could not be set up
+CONFINE_PREFIX = "cudagym-sandbox: "
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Where a confined command may write and what it cannot see."""
+
+    workdir: str
+    writable: tuple[str, ...] = ()  # more writable directories (a build cache beside the workdir)
+    read_only: tuple[str, ...] = ()  # paths inside the workdir the command cannot change (protected files)
+    hidden: tuple[str, ...] = ()  # directories covered by an empty read-only tmpfs (other rollouts, /tmp, $HOME)
+    visible: tuple[str, ...] = ()  # directories under a hidden one shown again, read-only (a Python under $HOME)
+    uid: int = 65534
+    gid: int = 65534
+    max_processes: int = 256  # RLIMIT_NPROC of `uid`: a fork bomb stops there
+    max_file_bytes: int = 4 * 2**30  # RLIMIT_FSIZE: one file cannot fill the disk
+    shm_bytes: int = 64 * 2**20  # a private /dev/shm (multiprocessing semaphores), gone with the namespace
+
+    def __post_init__(self):
+        if self.uid == 0 or self.gid == 0:
+            raise ValueError("a confined command never runs as root (uid/gid 0)")
+        if self.max_processes < 1:
+            raise ValueError("max_processes must be at least 1")
+
+
+@dataclass
+class ConfinedResult:
+    returncode: int | None  # the command's exit status (negative: killed by that signal)
+    output: str  # the head and the tail of what it printed (stdout and stderr together), decoded
+    output_bytes: int = 0  # everything it printed, kept or not
+    truncated: bool = False  # output keeps only the first and last `keep_bytes` of output_bytes
+    timed_out: bool = False
+    killed_for_memory: bool = False
+    peak_rss_bytes: int = 0
+    elapsed_s: float = 0.0
+    confine_error: str | None = None  # set when confinement failed: the command did not run
+    events: list[str] = field(default_factory=list)  # what happened, in words, for the record
+
+
+def run_confined(argv: list[str], confinement: Confinement, env: dict[str, str], timeout_s: float,
+                 memory_limit_bytes: int, keep_bytes: int = 64_000, started=None) -> ConfinedResult:
+    """Run `argv` confined; keep at most `keep_bytes` of the head and of the tail of its output while
+    reading (a command printing 50 MB never makes this process hold 50 MB). Never raises for what the
+    command does: a timeout, a memory kill, a crash or a confinement failure is in the result.
+    started(pid): called with the launcher's pid (its process group), so a caller can kill it early."""
+    import json
+    import select
+    import subprocess
+    import sys
+
+    spec = json.dumps(asdict(confinement))
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), "confine", spec, "--", *argv],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    if started:
+        started(proc.pid)
+    head, tail, total = bytearray(), bytearray(), 0
+    timed_out = False
+    fd = proc.stdout.fileno()
+    with MemoryWatchdog(proc.pid, memory_limit_bytes, period_s=0.2, tree=True) as watchdog:
+        deadline = t0 + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                kill_tree(proc.pid)
+                break
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if len(head) < keep_bytes:
+                take = keep_bytes - len(head)
+                head += chunk[:take]
+                chunk = chunk[take:]
+            if chunk:
+                tail += chunk
+                del tail[:-keep_bytes]
+        kill_tree(proc.pid)  # the launcher's group: nothing of this call keeps running
+        proc.wait()
+    proc.stdout.close()
+    output = (head + tail).decode(errors="replace")
+    result = ConfinedResult(returncode=proc.returncode, output=output, output_bytes=total,
+                            truncated=total > len(head) + len(tail), timed_out=timed_out,
+                            killed_for_memory=watchdog.fired, peak_rss_bytes=watchdog.peak_bytes,
+                            elapsed_s=time.monotonic() - t0)
+    if proc.returncode == CONFINE_FAILED and output.startswith(CONFINE_PREFIX):
+        result.confine_error = output[len(CONFINE_PREFIX):].strip().splitlines()[0]
+        result.events.append(f"sandbox could not be set up ({result.confine_error}): the command did not run")
+    if timed_out:
+        result.events.append(f"timed out after {timeout_s:.0f} s: killed with its process group and namespace")
+    if watchdog.fired:
+        result.events.append(f"killed: memory passed {memory_limit_bytes >> 20} MiB")
+    return result
+
+
+def _confine_and_exec(spec: dict, argv: list[str]) -> None:
+    """The launcher (module docstring above `Confinement`): set up, fork pid 1, wait, pass its status on."""
+    libc = _libc()
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if os.geteuid() != 0:
+        # An unprivileged launcher would need a user namespace for the mounts, and one entered after
+        # them to lock them; not built: fail closed rather than run with less than promised.
+        raise OSError(1, "confinement needs root (to lock the mounts and then drop to an unprivileged uid)")
+    workdir = os.path.realpath(spec["workdir"])
+    keep = [workdir] + [os.path.realpath(p) for p in spec["writable"]]
+    for path in keep:
+        os.makedirs(path, exist_ok=True)
+    shown = [p for p in dict.fromkeys(os.path.realpath(p) for p in spec["visible"]) if os.path.isdir(p)]
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    # Handles on the kept directories before anything is covered: they are bound back from these.
+    handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep + shown}
+    hidden = sorted({os.path.realpath(p) for p in spec["hidden"] if os.path.isdir(p)}, key=len)
+    covered: list[str] = []
+    for path in hidden:
+        if path == "/" or any(k == path or path.startswith(k + "/") for k in keep):
+            continue  # never cover the root or what must stay visible; a cover above a kept dir is fine
+        if any(path.startswith(c + "/") for c in covered):
+            continue  # already out of sight under a cover higher up
+        covered.append(path)
+        _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=755"), f"hide {path}")
+    for path, handle in handles.items():
+        os.makedirs(path, exist_ok=True)  # inside a cover, the mount point is made anew
+        _check(libc.mount(f"/proc/self/fd/{handle}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}")
+        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (MS_RDONLY if path not in keep else 0)
+        _check(libc.mount(None, path.encode(), None, flags, None), f"remount {path}")
+        os.close(handle)
+    for path in spec["read_only"]:
+        path = os.path.realpath(path)
+        if os.path.lexists(path):
+            _check(libc.mount(path.encode(), path.encode(), None, MS_BIND, None), f"bind {path}")
+    if os.path.isdir("/dev/shm"):
+        _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
+                          f"size={spec['shm_bytes']},mode=1777".encode()), "private /dev/shm")
+    for mount, _ in _mounts():
+        if mount not in keep and not mount.startswith(KEEP_WRITABLE):
+            libc.mount(None, mount.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+    # Checked, not assumed: a mount that refused to become read-only ends the launch.
+    for mount, options in _mounts():
+        if mount not in keep and not mount.startswith(KEEP_WRITABLE) and "ro" not in options:
+            raise OSError(1, f"{mount} stayed writable")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become_command(libc, spec, workdir, argv)
+        except BaseException as e:  # noqa: BLE001  (report and end; never run the command half set up)
+            os.write(2, f"{CONFINE_PREFIX}{e}\n".encode())
+        os._exit(CONFINE_FAILED)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _mounts() -> list[tuple[str, set[str]]]:
+    """(mount point, options) of every mount this process sees."""
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields_ = line.split()
+        out.append((fields_[1].replace("\\040", " "), set(fields_[3].split(","))))
+    return out
+
+
+def _become_command(libc, spec: dict, workdir: str, argv: list[str]) -> None:
+    """pid 1 of the new pid namespace: a fresh /proc, no privileges, limits, then the command."""
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+    os.setgroups([])
+    os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+    os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if os.geteuid() == 0 or os.getegid() == 0:
+        raise OSError(1, "still root after dropping privileges")
+    resource.setrlimit(resource.RLIMIT_NPROC, (spec["max_processes"], spec["max_processes"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (spec["max_file_bytes"], spec["max_file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.chdir(workdir)
+    os.execvpe(argv[0], argv, os.environ)
+
+
+if __name__ == "__main__":  # the launcher: python -I -S sandbox.py confine SPEC -- ARGV...
+    import json
+    import sys
+
+    try:
+        _confine_and_exec(json.loads(sys.argv[2]), sys.argv[sys.argv.index("--") + 1:])
+    except BaseException as e:  # noqa: BLE001
+        sys.stderr.write(f"{CONFINE_PREFIX}{e}\n")
+        sys.stderr.flush()
+    os._exit(CONFINE_FAILED)
