@@ -380,6 +380,157 @@ def cmd_dataset_publish(args) -> int:
     return 0
 
 
+# -- agent ------------------------------------------------------------------------------------------
+def _rollout_config(args, **overrides):
+    from cudagym.agent.rollout import RolloutConfig
+
+    fields = dict(tasks=args.tasks, out=args.out, model=args.model, base_url=args.base_url, api_key=args.api_key,
+                  levels=tuple(args.levels) if args.levels_given else None,
+                  ids=",".join(map(str, sorted(args.ids))) if args.ids else None, kb_version=args.kb_version,
+                  n_samples=args.n_samples, parallel=args.parallel, max_turns=args.max_turns,
+                  device=args.device or _default_device(), temperature=args.temperature, top_p=args.top_p,
+                  max_tokens=args.max_tokens, context_tokens=args.context_tokens, wall_s=args.wall_time,
+                  max_invalid_calls=args.max_invalid_calls, tool_format=args.tool_format,
+                  client_timeout_s=args.client_timeout, max_retries=args.max_retries, policy=args.policy,
+                  timing_mode=args.timing_mode, precision=args.precision, bash_timeout_s=args.bash_timeout,
+                  judge_timeout_s=args.judge_timeout)
+    fields.update(overrides)
+    if fields["max_turns"] is None:
+        fields["max_turns"] = 150
+    if fields["device"].startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but no CUDA device is visible (use --device cpu)")
+    return RolloutConfig(**fields)
+
+
+def _print_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cmd_agent_rollout(args) -> int:
+    from cudagym.agent.rollout import run_rollouts
+
+    summary = run_rollouts(_rollout_config(args), progress=_print_progress)
+    print(json.dumps(summary) if args.json else
+          f"{summary['finished']}/{summary['rollouts']} rollouts finished ({summary['failed']} failed), rewards "
+          f"{summary['rewards']}, mean {_fmt(summary['mean_reward'])}; {summary['n_submitted']} problems in "
+          f"{summary['submission']}; trajectories in {summary['db']}")
+    return 0
+
+
+def cmd_agent_eval(args) -> int:
+    from cudagym.agent.rollout import run_agent_eval
+
+    overrides = {"max_turns": args.max_turns or 200}
+    if args.tasks == "kernelbench" and not args.levels_given:
+        overrides["levels"] = (1, 2, 3)
+    summary = run_agent_eval(_rollout_config(args, **overrides), progress=_print_progress)
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    _print_table([{"scope": k, **m} for k, m in summary["metrics"].items()],
+                 ["scope", "n", "pass_rate", "faster_than_compile_rate", "faster_than_eager_rate",
+                  "geomean_all_vs_compile", "geomean_all_vs_eager"], f"agent {args.model} (best of {args.n_samples})")
+    print(f"trajectories: {summary['db']}; submission: {summary['submission']}")
+    return 0
+
+
+def cmd_agent_show(args) -> int:
+    from cudagym.agent.rollout import DB_NAME
+    from cudagym.agent.store import TrajectoryStore
+
+    path = Path(args.run)
+    db = path / DB_NAME if path.is_dir() else path
+    if not db.is_file():
+        raise UsageError(f"no trajectory store at {db} (pass a `cudagym agent rollout --out` folder)")
+    with TrajectoryStore(db, read_only=True) as store:
+        if not args.rollout:
+            rows = store.rollouts()
+            if args.json:
+                print(json.dumps(rows, default=str))
+                return 0
+            columns = ["rollout_id", "level", "problem_id", "sample", "status", "stop_reason", "turns", "reward",
+                       "tokens", "wall_s"]
+            cells = [columns] + [[_fmt({**r, "tokens": (r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0)}[c])
+                                  for c in columns] for r in rows]
+            widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+            print(f"{db}: {len(rows)} rollouts")
+            for row in cells:  # plain text: rollout ids are never cut (they are what --rollout takes)
+                print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+            return 0
+        row = store.rollout(args.rollout)
+        if row is None:
+            raise UsageError(f"no rollout {args.rollout!r} in {db}")
+        messages, calls, turns = store.messages(args.rollout), store.tool_calls(args.rollout), store.turns(args.rollout)
+    if args.json:
+        print(json.dumps({"rollout": row, "messages": messages, "tool_calls": calls, "turns": turns}, default=str))
+        return 0
+    limit = None if args.full else 600
+    print(f"rollout {row['rollout_id']}  task {row['task_id']}  model {row['model']}  status {row['status']}  "
+          f"stop {row['stop_reason']}  turns {row['turns']}  reward {row['reward']}")
+    results = {c["call_id"]: c for c in calls}
+    for m in messages:
+        text = (m["content"] or "").strip()
+        print(f"--- [{m['turn']}] {m['role']}" + (f" ({m['tool_call_id']})" if m["tool_call_id"] else ""))
+        if text:
+            print(text if limit is None or len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more chars]")
+        for tc in m["tool_calls"] or ():
+            call = results.get(tc["id"]) or {}
+            print(f"  -> {tc['function']['name']}({tc['function']['arguments'][:200]})"
+                  + ("" if call.get("valid", True) else "  [invalid]"))
+    verdict = row.get("verdict") or {}
+    print(f"--- final verdict: {verdict.get('status')} reward {verdict.get('reward')}"
+          + (f": {verdict['reason']}" if verdict.get("reason") else ""))
+    return 0
+
+
+def _add_agent_commands(sub) -> None:
+    ag = sub.add_parser("agent", help="LLM agents writing kernels: rollouts, eval, trajectories (docs/agent.md)"
+                        ).add_subparsers(dest="sub", required=True, parser_class=_Parser)
+    for name, help_text in (("rollout", "rollouts of a model on a task set (resumable; trajectories + submission)"),
+                            ("eval", "rollouts on KernelBench L1-3 (200 turns) and the leaderboard's metrics")):
+        p = ag.add_parser(name, help=help_text)
+        p.add_argument("--tasks", default="kernelbench", help="kernelbench (default) or a task set: JSONL, parquet or folder")
+        p.add_argument("--model", required=True, help="model name at the endpoint; scripted:POLICY runs a scripted"
+                                                      " policy on an in-process server (no --base-url)")
+        p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+        p.add_argument("--api-key", default=None, help="API key (default $OPENAI_API_KEY; local servers need none)")
+        p.add_argument("--levels", type=_levels, default=None, help="comma-separated levels (default 1,2,3)")
+        p.add_argument("--kb-version", default=None, help="KernelBench version (default v0.1)")
+        p.add_argument("--ids", type=_ids, default=None, help="only these problem ids, e.g. 1-10,12")
+        p.add_argument("--n-samples", type=int, default=1, help="rollouts per task (default 1)")
+        p.add_argument("--parallel", type=int, default=4, help="rollouts at once (default 4)")
+        p.add_argument("--max-turns", type=int, default=None,
+                       help=f"model queries per rollout (default {150 if name == 'rollout' else 200})")
+        p.add_argument("--device", default=None, help="where the judge runs: cuda, cuda:N or cpu (default: cuda if visible)")
+        p.add_argument("--out", default=f"out/agent-{name}", help="folder: trajectories.duckdb, submission/, workdirs/")
+        p.add_argument("--temperature", type=float, default=0.7)
+        p.add_argument("--top-p", type=float, default=None)
+        p.add_argument("--max-tokens", type=int, default=4096, help="completion tokens per turn (default 4096)")
+        p.add_argument("--context-tokens", type=int, default=32_768, help="context budget of a rollout (default 32768)")
+        p.add_argument("--wall-time", type=float, default=3600.0, help="seconds per rollout's loop (default 3600)")
+        p.add_argument("--max-invalid-calls", type=int, default=5, help="stop after this many invalid tool calls in a row")
+        p.add_argument("--tool-format", choices=("auto", "native", "text"), default="auto",
+                       help="native tool_calls, <tool_call> text, or auto (native, text when the reply has tags)")
+        p.add_argument("--client-timeout", type=float, default=600.0, help="seconds per request (default 600)")
+        p.add_argument("--max-retries", type=int, default=4, help="retries on 429 / 5xx / timeouts (default 4)")
+        p.add_argument("--policy", default="strict", help="op policy of the judge: strict (default) or permissive")
+        p.add_argument("--timing-mode", default="strict", help="strict (default) or paper")
+        p.add_argument("--precision", default="strict", help="strict (default) or kernelbench")
+        p.add_argument("--bash-timeout", type=float, default=180.0, help="upper bound of one bash call (default 180 s)")
+        p.add_argument("--judge-timeout", type=float, default=None, help="bound on one verify/profile/final judge call")
+        p.add_argument("--json", action="store_true", help="print the summary as JSON")
+        p.set_defaults(func=cmd_agent_rollout if name == "rollout" else cmd_agent_eval)
+    show = ag.add_parser("show", help="a run's rollouts (turns, reward, status), or one trajectory")
+    show.add_argument("run", help="a rollout --out folder (or its trajectories.duckdb)")
+    show.add_argument("--rollout", default=None, help="one rollout id: its messages and tool calls")
+    show.add_argument("--full", action="store_true", help="with --rollout: messages in full (default: 600 chars)")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_agent_show)
+
+
 # -- parser -----------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 1 (argparse's default is usage text and exit 2)
@@ -538,6 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     dsp.add_argument("--dry-run", action="store_true", help="write the folder that would be uploaded (DIR/hub) and stop")
     dsp.add_argument("--out", default=None, help="with --dry-run: where to write that folder (default DIR/hub)")
     dsp.set_defaults(func=cmd_dataset_publish)
+    _add_agent_commands(sub)
     return parser
 
 

@@ -94,7 +94,9 @@ class RolloutConfig:
             raise ValueError(f"--n-samples must be >= 1, got {self.n_samples}")
         if self.parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {self.parallel}")
-        if self.base_url is None:
+        if self.base_url is not None:
+            self.client_config(self.base_url)  # its own checks (URL, timeout, retries)
+        else:
             if not self.model.startswith("scripted:"):
                 raise ValueError("no endpoint: pass --base-url (only scripted:* models run without one)")
             from cudagym.agent.scripted import parse_model

@@ -197,8 +197,7 @@ def tamper(step, messages, server):
 
 
 def forkbomb(step, messages, server):
-    return [call("bash", command="bomb() { bomb | bomb & }; bomb; sleep 2; echo still here", timeout=20)] \
-        if step == 0 else ANSWER
+    return [call("bash", command="bomb() { bomb | bomb & }; bomb; sleep 2; echo still here")] if step == 0 else ANSWER
 
 
 def flood(step, messages, server):
@@ -206,7 +205,7 @@ def flood(step, messages, server):
 
 
 def hang(step, messages, server):
-    return [call("bash", command="sleep 100000", timeout=100000)] if step == 0 else ANSWER
+    return [call("bash", command="sleep 100000")] if step == 0 else ANSWER  # the environment's bash timeout applies
 
 
 POLICIES = {"honest": honest, "quick": quick, "chatty": chatty, "big": big, "malformed": malformed, "invalid": invalid,

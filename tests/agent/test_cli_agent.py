@@ -1,0 +1,109 @@
+"""`cudagym agent rollout | eval | show` (cudagym/cli.py): bad input, the views of a run, and a batch
+killed with SIGKILL mid-way that resumes without redoing its finished rollouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cudagym.agent.scripted import write_task_set
+from cudagym.agent.store import TrajectoryStore
+from cudagym.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "problems"
+
+
+def _error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cudagym: error: ") and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "gpt-x"], "--base-url"),
+    (["--model", "scripted:nope"], "unknown scripted policy"),
+    (["--model", "scripted:quick+fast"], "unknown scripted modifier"),
+    (["--model", "scripted:quick", "--n-samples", "0"], "--n-samples"),
+    (["--model", "scripted:quick", "--parallel", "0"], "--parallel"),
+    (["--model", "m", "--base-url", "localhost:8000"], "http://"),
+    (["--model", "scripted:quick", "--max-turns", "0"], "max_turns"),
+    (["--model", "scripted:quick", "--temperature", "5"], "temperature"),
+    (["--model", "scripted:quick", "--ids", "x-y"], "problem ids"),
+    (["--model", "scripted:quick", "--tasks", "/no/such/tasks.jsonl"], "no such file"),
+    (["--model", "scripted:quick", "--ids", "99"], "no tasks selected"),
+])
+def test_bad_rollout_input_is_one_line(capsys, tmp_path, argv, message):
+    base = ["agent", "rollout", "--tasks", str(EXAMPLES), "--device", "cpu", "--out", str(tmp_path / "out")]
+    assert message in _error(capsys, base + argv)
+
+
+def test_show_of_a_missing_run_is_one_line(capsys, tmp_path):
+    assert "no trajectory store" in _error(capsys, ["agent", "show", str(tmp_path)])
+
+
+def _command(tasks: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "cudagym", "agent", "rollout", "--tasks", str(tasks), "--model", "scripted:task",
+            "--device", "cpu", "--parallel", "1", "--max-turns", "5", "--out", str(out)]
+
+
+@pytest.mark.slow
+def test_a_killed_batch_resumes_without_redoing_finished_rollouts(tmp_path, capsys):
+    tasks = write_task_set(tmp_path / "tasks", ["quick+delay"] * 4)  # each reply waits 0.5 s: time to kill
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_command(tasks, out), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 300
+        for line in proc.stderr:  # the progress lines
+            if line.startswith("[1/4]") or time.monotonic() > deadline:
+                break
+        proc.send_signal(signal.SIGKILL)  # no cleanup of any kind
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with TrajectoryStore(out / "trajectories.duckdb", read_only=True) as store:
+        before = {r["rollout_id"]: r for r in store.rollouts()}
+    finished = {rid for rid, r in before.items() if r["status"] == "finished"}
+    assert 1 <= len(finished) < 4
+
+    rerun = subprocess.run(_command(tasks, out), capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{len(finished)} finished before, {4 - len(finished)} to run" in rerun.stderr
+    with TrajectoryStore(out / "trajectories.duckdb", read_only=True) as store:
+        after = {r["rollout_id"]: r for r in store.rollouts()}
+        n_messages = {rid: len(store.messages(rid)) for rid in after}
+    assert len(after) == 4 and all(r["status"] == "finished" for r in after.values())
+    for rid in finished:  # untouched: same start, same attempt
+        assert (after[rid]["started"], after[rid]["attempt"]) == (before[rid]["started"], 1)
+    for rid, row in before.items():
+        if rid not in finished:  # begun when killed: started over, its partial rows replaced
+            assert after[rid]["attempt"] == 2 and after[rid]["started"] > row["started"]
+    assert set(n_messages.values()) == {5}  # system, task, read_file call + result, answer: no duplicate rows
+
+    # the views of the run
+    assert main(["agent", "show", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert all(rid in table for rid in after) and table.count("finished") == 4
+    rid = sorted(after)[0]
+    assert main(["agent", "show", str(out), "--rollout", rid]) == 0
+    view = capsys.readouterr().out
+    assert view.startswith(f"rollout {rid}") and "-> read_file(" in view and "final verdict: rejected" in view
+    assert main(["agent", "show", str(out), "--rollout", rid, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert data["rollout"]["reward"] == -1 and data["tool_calls"][0]["name"] == "read_file"
+    assert "no rollout" in _error(capsys, ["agent", "show", str(out), "--rollout", "nope"])
+    # another model on the same folder is refused rather than mixed in
+    assert "another model" in _error(capsys, ["agent", "rollout", "--tasks", str(tasks), "--model", "scripted:quick",
+                                              "--device", "cpu", "--out", str(out)])
