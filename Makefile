@@ -50,6 +50,8 @@ demo: venv
 	$(BIN)/cudagym eval run examples/submission_cpu --problems examples/problems --device cpu --db $(DEMO_DB) --name example-cpu
 	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
 	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)
+	$(BIN)/cudagym agent rollout --tasks examples/problems --levels 1 --ids 1,4 --model scripted:honest --device cpu --parallel 2 --max-turns 10 --out out/agent
+	$(BIN)/cudagym agent show out/agent
 
 # Build and run artefacts; keeps the venv.
 clean:

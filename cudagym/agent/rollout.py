@@ -14,8 +14,9 @@ rows replaced. A model, endpoint or server that crashes, hangs or fails is a rec
 an exception of our own in one rollout marks it `failed` and the batch goes on.
 
 The submission folder OUT/submission/level{L}/{problem_id}_{name}.py holds, per problem, the final
-candidate of its best correct rollout (highest reward, then speedup over torch.compile): a
-self-contained ModelNew file that `cudagym eval run OUT/submission --problems ...` judges as it is.
+candidate of its best correct rollout (highest reward, then speedup over torch.compile), with its
+kernels/ files in the folder level{L}/{problem_id}_{name}/ beside it when it has any:
+`cudagym eval run OUT/submission --problems ...` judges it as it is (the same files as KernelEnv sends).
 
 `run_agent_eval` is `run_rollouts` plus the leaderboard's metrics over the best rollout per problem
 (every selected problem counts; one without a correct rollout counts as failed).
@@ -220,28 +221,27 @@ class _Batch:
             if env is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(env.close)
-        candidate = await asyncio.to_thread(candidate_code, env, workdir)
+        candidate, files = await asyncio.to_thread(candidate_of, workdir)
         self.store.finish(rid, status=status, stop_reason=result.stop_reason if result else None,
                           detail=detail if detail else (result.detail if result else None),
                           turns=result.turns if result else 0, prompt_tokens=result.prompt_tokens if result else 0,
                           completion_tokens=result.completion_tokens if result else 0, verdict=verdict,
-                          candidate_code=candidate, wall_s=time.monotonic() - start)
+                          candidate_code=candidate, candidate_files=files, wall_s=time.monotonic() - start)
         self.done += 1
         what = (f"{result.stop_reason} after {result.turns} turns, reward {verdict['reward']}" if status == "finished"
                 else f"FAILED ({detail.splitlines()[0][:160]})")
         self.progress(f"[{self.done}/{self.total}] {rid}: {what} ({time.monotonic() - start:.1f} s)")
 
 
-def candidate_code(env, workdir: Path) -> str | None:
-    """The final candidate as one self-contained file (what the judge scored), if any."""
-    bundle = getattr(env, "candidate_code", None)
-    if callable(bundle):
-        with contextlib.suppress(Exception):
-            return bundle()
-    path = workdir / "model_new.py"
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        return path.read_text()
-    return None
+def candidate_of(workdir: Path) -> tuple[str | None, dict[str, str] | None]:
+    """What the judge scored: model_new.py and the kernels/ files sent with it (None, None if unreadable)."""
+    from cudagym.agent.workdir import WorkdirError, candidate_sources
+
+    try:
+        code, files, _left_out = candidate_sources(workdir)
+    except (WorkdirError, OSError):
+        return None, None
+    return code, files
 
 
 def best_rollouts(rows: list[dict]) -> dict[tuple[int, int], dict]:
@@ -263,7 +263,9 @@ def best_rollouts(rows: list[dict]) -> dict[tuple[int, int], dict]:
 
 
 def write_submission(rows: list[dict], folder: Path) -> int:
-    """OUT/submission/level{L}/{problem_id}_{name}.py for every problem with a correct rollout; the count."""
+    """OUT/submission/level{L}/{problem_id}_{name}.py for every problem with a correct rollout, and beside
+    it the folder {problem_id}_{name}/ with its kernels/ files when it has any (`eval run` sends them to
+    the judge, as KernelEnv does: cudagym.eval.batch.candidate_files); the count."""
     _remove_tree(folder)
     folder.mkdir(parents=True)
     n = 0
@@ -275,6 +277,10 @@ def write_submission(rows: list[dict], folder: Path) -> int:
         path = folder / f"level{level}" / (f"{pid}_{name}.py" if name else f"{pid}.py")
         path.parent.mkdir(exist_ok=True)
         path.write_text(row["candidate_code"])
+        for rel, text in (row.get("candidate_files") or {}).items():
+            side = path.with_suffix("") / rel
+            side.parent.mkdir(parents=True, exist_ok=True)
+            side.write_text(text)
         n += 1
     return n
 

@@ -6,7 +6,7 @@ in flight):
 - `rollouts`: one row per (task, sample): rollout_id, run, task (sha256, id, name, level,
   problem_id), sample, model, base_url, sampling and loop settings (JSON), status (`running`,
   `finished`, `failed`), stop_reason, detail, turns, token totals, reward, the final verdict (JSON),
-  the final candidate's code, workdir, attempt (how many times it was started), started / finished
+  the final candidate's code and its kernels/ files (JSON: path -> text), workdir, attempt (how many times it was started), started / finished
   times, wall_s.
 - `messages`: every message of the conversation in order (rollout_id, seq, turn, role, content,
   tool_calls JSON, tool_call_id), exactly as produced (the loop's context shortening is not applied).
@@ -35,7 +35,7 @@ _SCHEMA = [
         rollout_id VARCHAR PRIMARY KEY, run VARCHAR, task_sha256 VARCHAR, task_id VARCHAR, task_name VARCHAR,
         level INTEGER, problem_id INTEGER, sample INTEGER, model VARCHAR, base_url VARCHAR, sampling JSON,
         settings JSON, status VARCHAR, stop_reason VARCHAR, detail VARCHAR, turns INTEGER, prompt_tokens BIGINT,
-        completion_tokens BIGINT, reward INTEGER, verdict JSON, candidate_code VARCHAR, workdir VARCHAR,
+        completion_tokens BIGINT, reward INTEGER, verdict JSON, candidate_code VARCHAR, candidate_files JSON, workdir VARCHAR,
         attempt INTEGER, started TIMESTAMP, finished TIMESTAMP, wall_s DOUBLE)""",
     """CREATE TABLE IF NOT EXISTS messages (
         rollout_id VARCHAR, seq INTEGER, turn INTEGER, role VARCHAR, content VARCHAR, tool_calls JSON,
@@ -105,16 +105,16 @@ class TrajectoryStore:
 
     def finish(self, rollout_id: str, *, status: str, stop_reason: str | None, detail: str | None, turns: int,
                prompt_tokens: int, completion_tokens: int, verdict: dict | None, candidate_code: str | None,
-               wall_s: float) -> None:
+               wall_s: float, candidate_files: dict[str, str] | None = None) -> None:
         if status not in STATUSES:
             raise ValueError(f"unknown rollout status {status!r}")
         reward = verdict.get("reward") if verdict else None
         self._con.execute(
             "UPDATE rollouts SET status = ?, stop_reason = ?, detail = ?, turns = ?, prompt_tokens = ?, "
-            "completion_tokens = ?, reward = ?, verdict = ?, candidate_code = ?, finished = current_timestamp, "
+            "completion_tokens = ?, reward = ?, verdict = ?, candidate_code = ?, candidate_files = ?, finished = current_timestamp, "
             "wall_s = ? WHERE rollout_id = ?",
             [status, stop_reason, (detail or "")[:2000], turns, prompt_tokens, completion_tokens, reward, _json(verdict),
-             candidate_code, wall_s, rollout_id])
+             candidate_code, _json(candidate_files), wall_s, rollout_id])
 
     # -- reads ----------------------------------------------------------------------------------------
     def _rows(self, sql: str, params: list | None = None) -> list[dict]:
@@ -122,7 +122,7 @@ class TrajectoryStore:
         names = [d[0] for d in cursor.description]
         rows = [dict(zip(names, row)) for row in cursor.fetchall()]
         for row in rows:
-            for key in ("sampling", "settings", "verdict", "tool_calls", "data"):
+            for key in ("sampling", "settings", "verdict", "tool_calls", "data", "candidate_files"):
                 if isinstance(row.get(key), str):
                     row[key] = json.loads(row[key])
         return rows

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from cudagym.eval.checks import Tolerance, degenerate_reason
-from cudagym.eval.evaluate import EvalConfig, evaluate_candidate, run_reference_jobs
+from cudagym.eval.evaluate import CANDIDATE_FILE_SUFFIXES, EvalConfig, evaluate_candidate, run_reference_jobs
 from cudagym.eval.pool import (DRAIN_S, Job, LocalPool, Worker, batch_config, machine_env,  # noqa: F401 - re-exported
                                progress_bar, run_all)
 from cudagym.eval.store import AuditKey, BaselineKey, Store
@@ -73,6 +73,17 @@ def submission_files(submission_dir: str | Path) -> dict[tuple[int, int], Path]:
     return files
 
 
+def candidate_files(path: str | Path) -> dict[str, str]:
+    """The extra C++/CUDA files of a submission's candidate: level{L}/{id}_name.py may come with a folder
+    level{L}/{id}_name/ (e.g. an agent's kernels/); its sources and headers go to the judge beside the
+    candidate, under their paths relative to that folder (`evaluate_candidate(files=)`)."""
+    folder = Path(path).with_suffix("")
+    if not folder.is_dir():
+        return {}
+    return {str(f.relative_to(folder)): f.read_text() for f in sorted(folder.rglob("*"))
+            if f.is_file() and f.name.endswith(CANDIDATE_FILE_SUFFIXES)}
+
+
 def open_pool(config: EvalConfig, parallel: int = 1, runner: str = "local", address: str | None = None):
     """The workers jobs run on, as a context manager with `envs` (the machines of its workers) and
     `run(jobs, on_result, description, total)`: `parallel` threads here (local), or one worker per GPU
@@ -90,14 +101,15 @@ def open_pool(config: EvalConfig, parallel: int = 1, runner: str = "local", addr
 
 
 def _eval_job(task: Task, candidate_code: str, baselines: dict[BaselineKey, dict],
-              worker: Worker) -> tuple[dict, Verdict]:
+              worker: Worker, files: dict[str, str] | None = None) -> tuple[dict, Verdict]:
     """A candidate on a worker, with the torch.compile time cached for that worker's machine if any.
     The verdict's timing records the live eager time against the cached one (`eager_vs_baseline`):
     the compile time is not re-timed, so when the GPU ran this problem at another speed than when its
     baseline was cached (H200: 2.5x slower for a whole problem, once per run or so), speedup_vs_compile
     is off by as much, and this ratio shows it."""
     cached = baselines.get(baseline_key(task, worker.env, worker.config.timing_mode, worker.config.precision)) or {}
-    verdict = evaluate_candidate(task.code, candidate_code, worker.config, task=task, t_compile_ms=cached.get("t_compile_ms"))
+    verdict = evaluate_candidate(task.code, candidate_code, worker.config, task=task, t_compile_ms=cached.get("t_compile_ms"),
+                                 files=files or None)
     if verdict.t_eager_ms and cached.get("t_eager_ms"):
         verdict.timing["eager_vs_baseline"] = float(f"{verdict.t_eager_ms / cached['t_eager_ms']:.4g}")
     return worker.env, verdict
@@ -185,7 +197,8 @@ def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, 
     def job(task: Task, envs: list[dict]) -> Job:
         keys = [baseline_key(task, env, config.timing_mode, config.precision) for env in envs]
         cached = {key: found for key in keys if (found := store.get_baseline(key))}
-        return partial(_eval_job, task, files[(task.level, task.problem_id)].read_text(), cached)
+        path = files[(task.level, task.problem_id)]
+        return partial(_eval_job, task, path.read_text(), cached, files=candidate_files(path))
 
     if todo:  # a finished run starts no workers
         with open_pool(config, parallel, runner, address) as pool:

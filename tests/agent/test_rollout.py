@@ -108,3 +108,23 @@ def test_adversarial_rollouts_are_contained_and_recorded(tmp_path):
 
     hang = calls["hang"][0]  # killed at the bash timeout
     assert not hang["ok"] and hang["data"]["timed_out"] and hang["elapsed_s"] < 60
+
+
+def test_submission_keeps_the_best_correct_rollout_and_its_kernel_files(tmp_path):
+    from cudagym.agent.rollout import write_submission
+    from cudagym.eval.batch import candidate_files, submission_files
+
+    def row(sample, reward, speedup, code, files=None, correct=True, status="finished"):
+        return {"status": status, "level": 1, "problem_id": 12, "task_name": "12_Matmul_with_diagonal_matrices_",
+                "sample": sample, "reward": reward, "candidate_code": code, "candidate_files": files,
+                "verdict": {"correct": correct, "reward": reward, "speedup_vs_compile": speedup}}
+
+    kernel = {"kernels/diag.cu": "__global__ void k() {}\n", "kernels/inc/common.h": "#pragma once\n"}
+    rows = [row(0, 3, 1.2, "slow"), row(1, 3, 2.5, "fast", kernel), row(2, 1, 9.0, "only correct"),
+            row(3, 3, 50.0, "unfinished", status="running"), row(4, -1, None, "wrong", correct=False),
+            {**row(0, -1, None, "x", correct=False), "problem_id": 13}]  # a problem with no correct rollout
+    assert write_submission(rows, tmp_path / "submission") == 1
+    found = submission_files(tmp_path / "submission")
+    assert list(found) == [(1, 12)] and found[(1, 12)].name == "12_Matmul_with_diagonal_matrices.py"
+    assert found[(1, 12)].read_text() == "fast"
+    assert candidate_files(found[(1, 12)]) == kernel  # what `eval run` sends the judge with it
