@@ -25,6 +25,8 @@ import dataclasses
 import json
 import logging
 import math
+import platform
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-from cudagym.synth.compose import PAPER_K_DISTRIBUTION, TRANSFORMERS_SHARE, ComposeConfig, ComposeStep
+from cudagym.synth.compose import PAPER_K_DISTRIBUTION, TRANSFORMERS_SHARE, ComposeConfig, ComposeStep, ComposeStopped
 from cudagym.synth.labels import data_source_of, ops_from_code
 from cudagym.synth.filter import FilterConfig, FilterResult, run_filter
 from cudagym.tasks import Task, TaskError
@@ -40,6 +42,7 @@ from cudagym.tasks.db import connect
 
 log = logging.getLogger(__name__)
 
+INTERRUPTED = "interrupted (Ctrl-C): every LLM answer so far is cached; rerun the same command to resume"
 STAGES = ("crawl", "compose", "dedup", "decontaminate", "filter", "label", "publish")
 
 
@@ -224,8 +227,14 @@ def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: i
     """Compose n_tasks candidates in round `round_` (skipped if that round is stored); new candidates added."""
     if round_ in store.rounds():
         return 0
-    step = ComposeStep(config.compose_config(round_, n_tasks))
-    tasks = list(step.run(seeds))
+    step = ComposeStep(config.compose_config(round_, n_tasks), progress=lambda line: _say(f"compose round {round_}: {line}"))
+    try:
+        tasks = list(step.run(seeds))
+    except ComposeStopped as e:  # the round is not stored; what was answered is in the composer's cache
+        e.progress = f"round {round_} unfinished ({e.progress})" if e.progress else f"round {round_} unfinished"
+        raise
+    except KeyboardInterrupt:
+        raise ComposeStopped("interrupted", f"{INTERRUPTED}; round {round_} unfinished") from None
     added = store.add_candidates(tasks, round_)
     stats = Counter(step.stats)
     stats["dropped_duplicate"] += len(tasks) - added  # the same code as an earlier round's candidate
@@ -234,6 +243,11 @@ def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: i
         stats[f"llm_{key}"] = value
     store.add_round(round_, stats, [dataclasses.asdict(r) for r in step.rejects])
     return added
+
+
+def _say(line: str) -> None:
+    """A progress line on stderr (the build's stdout is its funnel table)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def dedup_stage(store: BuildStore) -> tuple[set[int], dict]:
@@ -342,11 +356,37 @@ def compose_funnel(store: BuildStore) -> dict:
     return {"stage": "compose", "in": stats["in"], "kept": stats["kept"], "dropped": dropped}
 
 
-def publish_stage(config: BuildConfig, rows: list[dict], stages: list[dict]) -> dict:
-    """Write BUILD/dataset (parquet + card) and BUILD/funnel.json for the first `target` rows."""
+def versions() -> dict:
+    """Versions the composed code and shapes depend on (shape inference runs torch's meta kernels;
+    the crawl finds what the installed torch and transformers define)."""
     import torch
 
     from cudagym import __version__
+
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except ImportError:
+        transformers_version = None
+    return {"cudagym": __version__, "torch": torch.__version__, "transformers": transformers_version,
+            "python": platform.python_version()}
+
+
+def why_empty(stages: list[dict]) -> str:
+    """One line on where the rows went: the first stage that kept nothing, and its top drop reasons."""
+    for stage in stages:
+        if stage["kept"] == 0:
+            top = sorted(stage["dropped"].items(), key=lambda kv: -kv[1])[:4]
+            reasons = ", ".join(f"{reason} {n}" for reason, n in top) or "nothing came in"
+            return f"0 rows kept: {stage['stage']} kept 0 of {stage['in']} ({reasons})"
+    return "0 rows kept"
+
+
+def publish_stage(config: BuildConfig, rows: list[dict], stages: list[dict], stopped: tuple[str, str] | None = None) -> dict:
+    """Write BUILD/funnel.json, then BUILD/dataset (parquet + card) for the first `target` rows.
+    The funnel comes first and always: with 0 rows (no dataset is written then) or a stopped build
+    it is the report that says what happened (`status`, `note`)."""
     from cudagym.synth.publish import write_hub_folder
 
     published = rows[:config.target]
@@ -359,14 +399,25 @@ def publish_stage(config: BuildConfig, rows: list[dict], stages: list[dict]) -> 
                           "strong": _quantiles([r["strong_max"] for r in published]),
                           "references": f"KernelBench {config.kb_version} L1-3"},
         "config": config.command_flags(),
-        "versions": {"cudagym": __version__, "torch": torch.__version__},
+        "versions": versions(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "status": "stopped" if stopped else "complete" if len(published) >= config.target else "short",
     }
+    notes = [stopped[1]] if stopped else []
+    if not published:
+        notes.append(("0 rows kept" if stopped else why_empty(stages)) + "; no dataset written")
+    elif len(published) < config.target:
+        notes.append(f"{len(published)} of {config.target} rows")
+    if stopped:
+        funnel["stopped"] = stopped[0]
+    if notes:
+        funnel["note"] = "; ".join(notes)
     out = Path(config.out)
-    write_hub_folder(published, funnel, out / "dataset")
     tmp = out / "funnel.json.tmp"
     tmp.write_text(json.dumps(funnel, indent=2) + "\n")
     tmp.replace(out / "funnel.json")
+    if published:
+        write_hub_folder(published, funnel, out / "dataset")
     return funnel
 
 
@@ -388,19 +439,25 @@ def build_dataset(config: BuildConfig) -> dict:
     with BuildStore(out / "build.duckdb") as store:
         store.check_identity(config.identity())
         seeds, crawl = crawl_stage(config)
-        for round_ in range(config.max_rounds + 1):
-            labelled, stages = select(store, config)
-            missing = config.target - len(labelled)
-            if missing <= 0 or round_ == config.max_rounds:
-                break
-            wanted = filter_batch(store, config, missing)
-            pending = unfiltered(stages)
-            if pending < wanted:
-                compose_stage(store, seeds, config, next_round(store), wanted - pending)
-            select(store, config, filter_more=wanted)
-        if len(labelled) < config.target:
+        labelled, stages, stopped = [], [compose_funnel(store)], None
+        try:
+            for round_ in range(config.max_rounds + 1):
+                labelled, stages = select(store, config)
+                missing = config.target - len(labelled)
+                if missing <= 0 or round_ == config.max_rounds:
+                    break
+                wanted = filter_batch(store, config, missing)
+                pending = unfiltered(stages)
+                if pending < wanted:
+                    compose_stage(store, seeds, config, next_round(store), wanted - pending)
+                select(store, config, filter_more=wanted)
+        except ComposeStopped as e:  # endpoint down, call cap spent, Ctrl-C while composing
+            stopped = (e.reason, "; ".join(filter(None, [str(e), e.progress])))
+        except KeyboardInterrupt:
+            stopped = ("interrupted", INTERRUPTED)
+        if stopped is None and len(labelled) < config.target:
             log.warning("build: %d of %d rows after %d rounds", len(labelled), config.target, config.max_rounds)
-        return publish_stage(config, dataset_rows(store, labelled), [crawl] + stages)
+        return publish_stage(config, dataset_rows(store, labelled), [crawl] + stages, stopped)
 
 
 def filter_batch(store: BuildStore, config: BuildConfig, missing: int) -> int:

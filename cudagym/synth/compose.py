@@ -80,6 +80,7 @@ class ComposeStopped(TaskError):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
         self.reason = reason  # stable code: endpoint_unreachable, endpoint_down, call_cap, interrupted
+        self.progress = ""  # the unfinished round's last progress line, when there is one
 
 
 class Composer(Protocol):
@@ -390,10 +391,13 @@ class ComposeStep:
                         batch.append(result)
                     elif tries + 1 < cfg.k_retries:
                         again.append((k, tries + 1))
-                self.progress(self.progress_line(getattr(composer, "stats", {}), getattr(composer, "max_calls", None)))
+                line = self.progress_line(getattr(composer, "stats", {}), getattr(composer, "max_calls", None))
+                self.progress(line)
                 stopped = getattr(composer, "stopped", None)
                 if stopped is not None:  # the round is not finished: nothing of it is stored but the answers
-                    raise ComposeStopped(*stopped)
+                    error = ComposeStopped(*stopped)
+                    error.progress = line
+                    raise error
                 yield from batch
         finally:
             self.composer_stats = Counter(getattr(composer, "stats", {}))
@@ -402,19 +406,20 @@ class ComposeStep:
         log.info("compose (%s): %s; composer: %s", cfg.composer, dict(self.stats), dict(self.composer_stats))
 
 
-TRANSPORT_REJECTS = ("llm_error", "llm_timeout", "llm_rate_limited", "llm_endpoint_down", "llm_call_cap",
-                     "llm_stopped")  # no answer came back: not counted as answered
+NOT_SENT_REJECTS = ("llm_endpoint_down", "llm_call_cap", "llm_stopped")  # never asked: not counted as asked
+TRANSPORT_REJECTS = ("llm_error", "llm_timeout", "llm_rate_limited")  # asked, no answer came back
 
 
 def _progress_line(stats: Counter, composer_stats: Mapping, max_calls: int | None) -> str:
     """`asked 8, answered 7, parsed 5, kept 4, rejected llm_no_code 2, llm_error 1; LLM calls 9 of 100`."""
     rejected = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
-    answered = stats["in"] - sum(rejected.get(r, 0) for r in TRANSPORT_REJECTS)
+    asked = stats["in"] - sum(rejected.get(r, 0) for r in NOT_SENT_REJECTS)
+    answered = asked - sum(rejected.get(r, 0) for r in TRANSPORT_REJECTS)
     parsed = stats["kept"] + rejected.get("duplicate", 0)
     reasons = ", ".join(f"{r} {n}" for r, n in sorted(rejected.items(), key=lambda kv: -kv[1])) or "none"
     calls = composer_stats.get("requests", 0)
     cached = composer_stats.get("cache_hits", 0)
-    return (f"asked {stats['in']}, answered {answered}, parsed {parsed}, kept {stats['kept']}, rejected {reasons}; "
+    return (f"asked {asked}, answered {answered}, parsed {parsed}, kept {stats['kept']}, rejected {reasons}; "
             f"LLM calls {calls}{f' of {max_calls}' if max_calls else ''}" + (f", {cached} cached" if cached else ""))
 
 

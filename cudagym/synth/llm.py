@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import html
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ import re
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+import queue
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -55,11 +56,14 @@ PYTHON_FENCE_TAGS = frozenset({"", "python", "py", "python3"})
 REJECT_REASONS: Mapping[str, str] = {
     "no_seeds": "no verified seeds to compose",
     "llm_error": "the endpoint failed (connection, 5xx, other status) after all retries, or gave no choice",
-    "llm_timeout": "the last attempt timed out, after all retries",
+    "llm_timeout": "the request timed out (not retried: the server is slower than the timeout; raise --llm-timeout)",
+    "llm_endpoint_down": "not sent: the endpoint failed its health check or stopped answering (circuit breaker)",
+    "llm_call_cap": "not sent: --max-llm-calls were spent",
+    "llm_stopped": "not sent: the build was interrupted",
     "llm_rate_limited": "the last attempt was rate limited (429), after all retries",
     "llm_truncated": "the answer stopped at max_tokens (finish_reason 'length')",
-    "llm_no_code": "no fenced python code block in the answer",
-    "llm_ambiguous": "more than one fenced python code block",
+    "llm_no_code": "no python code in the answer (fenced, in <code> tags, or bare)",
+    "llm_ambiguous": "several code blocks and none defines class Model",
     "llm_syntax": "the code block does not parse",
     "llm_bad_import": "an import other than torch/torch.nn/F/math (or a seed's own), or __import__/exec/eval/open",
     "llm_model_new": "the code defines ModelNew (a solution, not a task)",
@@ -136,14 +140,19 @@ class LLMConfig:
     base_url: str = field(default_factory=lambda: _env("CUDAGYM_LLM_BASE_URL", "OPENAI_BASE_URL"))
     api_key: str = field(default_factory=lambda: _env("CUDAGYM_LLM_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
                          repr=False)
-    concurrency: int = 8  # requests in flight at once
+    # Requests in flight at once. 1 suits a local server that answers one request at a time (llama.cpp's
+    # default): more would only queue there and time out; hosted APIs and vLLM take 8 or more.
+    concurrency: int = 1
     max_retries: int = 4  # retries after the first attempt (the openai client's own retries are off)
-    timeout_s: float = 120.0  # per attempt
+    timeout_s: float = 300.0  # per attempt; a timed-out request is not retried (a slow server would get it twice)
     temperature: float = 0.7
     max_tokens: int = 2048
     cache_path: str | None = None  # DuckDB file of answers; None: no cache
     backoff_s: float = 1.0  # first retry waits ~backoff_s, doubling per retry (with jitter)
     max_backoff_s: float = 60.0  # cap on one wait, Retry-After included
+    max_calls: int | None = None  # HTTP requests this process may make (None: no cap); cached answers are free
+    max_failures: int = 6  # attempts in a row without an HTTP answer (refused, reset, timed out) that stop the build
+    health_check: bool = True  # GET /models (else a 1-token request) before the first uncached request
 
     def __post_init__(self):
         if not self.model:
@@ -162,6 +171,10 @@ class LLMConfig:
             raise ValueError(f"LLM temperature must be in [0, 2], got {self.temperature}")
         if self.max_tokens < 1:
             raise ValueError(f"LLM max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_calls is not None and self.max_calls < 1:
+            raise ValueError(f"--max-llm-calls must be >= 1, got {self.max_calls}")
+        if self.max_failures < 1:
+            raise ValueError(f"LLM max_failures must be >= 1, got {self.max_failures}")
         if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
             raise ValueError(f"LLM backoff: need 0 <= backoff_s <= max_backoff_s, got {self.backoff_s}, "
                              f"{self.max_backoff_s}")
@@ -199,24 +212,59 @@ def build_prompt(seeds: Sequence[Seed]) -> str:
 # --------------------------------------------------------------------------------------------
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+_CODE_TAG = re.compile(r"<code(?:\s+class=[\"']?(?:language-)?([\w+-]*)[\"']?)?\s*>(.*?)</code>", re.DOTALL | re.IGNORECASE)
+_THINKING = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
+_DEFINES_MODEL = re.compile(r"^class\s+Model\b", re.MULTILINE)
+_CODE_START = re.compile(r"^(?:import |from \w[\w.]* import |class Model\b)")
+MAX_TRAILING_PROSE = 40  # lines of prose after bare code that extract_code trims off
+
+
+def _bare_code(text: str) -> str | None:
+    """Code with no fence or tag: from the first import (or `class Model`) line to the longest end
+    that parses, trailing prose trimmed; None if no such span defines class Model."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
+    if start is None:
+        return None
+    for end in range(len(lines), max(start, len(lines) - MAX_TRAILING_PROSE), -1):
+        code = "\n".join(lines[start:end])
+        if not _DEFINES_MODEL.search(code):
+            return None
+        try:
+            ast.parse(code)
+        except SyntaxError:
+            continue
+        return code
+    return None
 
 
 def extract_code(text: str) -> str | Reject:
-    """The one fenced python block of an answer (tag python/py/python3, or none).
+    """The program in an answer, as chat models write it.
 
-    Rule: exactly one such block. None (or an unclosed fence) is `llm_no_code`; several are
-    `llm_ambiguous` (we do not guess which one is the program). Blocks tagged with another
-    language (```text, ```bash) are ignored.
+    Python blocks are fenced (```python, ```py, or ``` with no tag) or in <code> tags (HTML-style
+    answers); blocks tagged with another language (```bash) are ignored. One block: that one.
+    Several: the last one that defines `class Model` (a usage example or a shell line is not the
+    program; a model that corrects itself puts the final version last); several and none defines
+    Model: `llm_ambiguous`. No block: bare code (from its first import line, prose before and after
+    trimmed), else `llm_no_code` (an unclosed fence too: the answer was cut off).
     """
+    text = _THINKING.sub("", text)  # a reasoning model's drafts are not its answer
     blocks = [body for tag, body in _FENCE.findall(text) if tag.lower() in PYTHON_FENCE_TAGS]
-    if not blocks:
-        return Reject("llm_no_code", "unclosed code fence" if "```" in text else "no code block")
+    blocks += [html.unescape(body) for tag, body in _CODE_TAG.findall(text) if (tag or "").lower() in PYTHON_FENCE_TAGS]
+    blocks = [b for b in blocks if b.strip()]
     if len(blocks) > 1:
-        return Reject("llm_ambiguous", f"{len(blocks)} python code blocks")
-    code = blocks[0].strip("\n")
-    if not code.strip():
-        return Reject("llm_no_code", "empty code block")
-    return code + "\n"
+        models = [b for b in blocks if _DEFINES_MODEL.search(b)]
+        if not models:
+            return Reject("llm_ambiguous", f"{len(blocks)} code blocks, none defines class Model")
+        blocks = models[-1:]
+    if blocks:
+        return blocks[0].strip("\n") + "\n"
+    if "```" in text:
+        return Reject("llm_no_code", "unclosed or empty code fence")
+    bare = _bare_code(text)
+    if bare is None:
+        return Reject("llm_no_code", "no code block")
+    return bare.strip("\n") + "\n"
 
 
 class _ImportCheck(cst.CSTVisitor):
@@ -334,9 +382,12 @@ class ResponseCache:
             self._con.close()
             raise error_of(e, self.path, "LLM cache", "--llm-cache") from None
         self._lock = threading.Lock()
+        self._closed = False
 
     def get(self, key: str) -> Answer | None:
         with self._lock:
+            if self._closed:
+                return None
             row = self._con.execute("SELECT response, finish_reason, prompt_tokens, completion_tokens, total_tokens"
                                     " FROM llm_responses WHERE key = ?", [key]).fetchone()
         if row is None:
@@ -347,6 +398,8 @@ class ResponseCache:
     def put(self, key: str, model: str, prompt: str, answer: Answer) -> None:
         u = answer.usage
         with self._lock:
+            if self._closed:  # an answer that came after Ctrl-C closed the cache
+                return
             self._con.execute("INSERT OR REPLACE INTO llm_responses VALUES (?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)",
                               [key, model, prompt, answer.text, answer.finish_reason, u["prompt_tokens"],
                                u["completion_tokens"], u["total_tokens"]])
@@ -357,6 +410,7 @@ class ResponseCache:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._con.close()
 
 
@@ -385,6 +439,90 @@ class LLMClient:
         self._lock = threading.Lock()
         self._sleep = sleep
         self._jitter = random.Random()  # not the step's rng: waits never change what is built
+        self.stop = threading.Event()  # set on Ctrl-C: no new attempt starts, backoff waits end
+        self.stopped: tuple[str, str] | None = None  # (ComposeStopped reason, one-line message) once the build must stop
+        self._failures = 0  # attempts in a row that got no HTTP answer
+        self._checked = not config.health_check
+
+    def _stop(self, reason: str, message: str) -> None:
+        with self._lock:
+            if self.stopped is None:
+                self.stopped = (reason, message)
+
+    def interrupt(self) -> None:
+        self._stop("interrupted", "interrupted (Ctrl-C): every answer received so far is in the LLM cache")
+        self.stop.set()
+
+    def _wait(self, seconds: float) -> None:
+        if self._sleep is time.sleep:
+            self.stop.wait(seconds)
+        else:  # tests pass their own clock
+            self._sleep(seconds)
+
+    def check_endpoint(self) -> None:
+        """Fail fast (sets `stopped`) when the endpoint cannot serve chat completions: GET /models, and
+        on a 404 there (some servers do not list models) one chat request of one token."""
+        oa, url = self._openai, self.config.base_url
+        quick = self._client.with_options(timeout=min(self.config.timeout_s, 30.0), max_retries=0)
+        self._count(health_checks=1)
+        try:
+            try:
+                quick.models.list()
+            except oa.NotFoundError:
+                quick.chat.completions.create(model=self.config.model, max_tokens=1,
+                                              messages=[{"role": "user", "content": "Say OK."}])
+        except (oa.AuthenticationError, oa.PermissionDeniedError) as e:
+            self._stop("endpoint_unreachable", f"LLM endpoint {url} refused the API key (HTTP {e.status_code}): "
+                                               "set CUDAGYM_LLM_API_KEY (or OPENAI_API_KEY) or --api-key")
+        except oa.NotFoundError:
+            self._stop("endpoint_unreachable", f"no OpenAI-compatible API at {url} (HTTP 404 on /models and on "
+                                               f"/chat/completions for model {self.config.model!r}): check --base-url "
+                                               "(it usually ends in /v1) and --model")
+        except oa.APIStatusError as e:
+            if e.status_code >= 500 or e.status_code == 429:
+                return  # a busy or flaky server: the requests' own retries and the breaker handle it
+            self._stop("endpoint_unreachable", f"LLM endpoint {url} answered the health check with HTTP "
+                                               f"{e.status_code}: {str(e).splitlines()[0][:120]}")
+        except oa.APIError as e:  # connection refused, DNS, timeout
+            self._stop("endpoint_unreachable", f"LLM endpoint {url} does not answer ({type(e).__name__}: "
+                                               f"{str(e).splitlines()[0][:80] if str(e) else 'no detail'}): start "
+                                               "the server or fix --base-url")
+
+    def _before_attempt(self) -> Reject | None:
+        """The Reject that stops an attempt before it is sent (stopped, breaker, cap), else None (and
+        the attempt is counted)."""
+        if not self._checked:
+            with self._lock:
+                first, self._checked = not self._checked, True
+            if first:
+                self.check_endpoint()
+        if self.stop.is_set():
+            return Reject("llm_stopped", "interrupted")
+        if self.stopped is not None:
+            return Reject("llm_endpoint_down" if self.stopped[0].startswith("endpoint") else
+                          "llm_call_cap" if self.stopped[0] == "call_cap" else "llm_stopped", self.stopped[1][:200])
+        with self._lock:
+            cap = self.config.max_calls
+            if cap is not None and self.stats["requests"] >= cap:
+                spent = True
+            else:
+                spent = False
+                self.stats["requests"] += 1
+        if spent:
+            self._stop("call_cap", f"--max-llm-calls {cap} spent: the build stops here; every answer is in the LLM "
+                                   "cache, so a rerun with a larger cap asks only what is new")
+            return Reject("llm_call_cap", f"{cap} calls spent")
+        return None
+
+    def _transport(self, ok: bool, detail: str = "") -> None:
+        """Count an attempt that got an HTTP answer (ok) or none; open the breaker after max_failures."""
+        with self._lock:
+            self._failures = 0 if ok else self._failures + 1
+            tripped = self._failures >= self.config.max_failures
+        if tripped:
+            self._stop("endpoint_down", f"LLM endpoint {self.config.base_url} stopped answering: "
+                                        f"{self.config.max_failures} attempts in a row got no answer (last: {detail}); "
+                                        "every answer received so far is in the LLM cache")
 
     def _count(self, **amounts: int) -> None:
         with self._lock:
@@ -408,21 +546,29 @@ class LLMClient:
         for attempt in range(cfg.max_retries + 1):
             if attempt:
                 self._count(retries=1)
-                self._sleep(wait)
-            self._count(requests=1)
+                self._wait(wait)
+            not_sent = self._before_attempt()
+            if not_sent is not None:
+                return not_sent
             try:
                 response = self._client.chat.completions.create(
                     model=cfg.model, messages=messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens)
             except self._openai.OpenAIError as e:
                 reject, retry, hinted = self._classify(e)
                 self._count(**{f"errors_{reject.reason}": 1})
+                answered = isinstance(e, self._openai.APIStatusError)
+                self._transport(answered, reject.detail)
                 log.debug("llm attempt %d: %s %s", attempt + 1, reject.reason, reject.detail)
+                if reject.reason == "llm_timeout":  # the server may still be working on it: asking again doubles its load
+                    return Reject("llm_timeout", f"attempt {attempt + 1} after {cfg.timeout_s:g} s (raise --llm-timeout "
+                                                 f"or lower --concurrency): {reject.detail}"[:300])
                 if not retry:
                     return Reject(reject.reason, f"attempt {attempt + 1}: {reject.detail}")
                 backoff = min(cfg.max_backoff_s, cfg.backoff_s * 2 ** attempt)
                 wait = min(cfg.max_backoff_s, hinted) if hinted is not None else \
                     backoff / 2 + self._jitter.uniform(0, backoff / 2)
                 continue
+            self._transport(True)
             if not response.choices:
                 self._count(errors_llm_error=1)
                 return Reject("llm_error", "answer without choices")
@@ -475,6 +621,15 @@ class LLMComposer:
     def stats(self) -> Counter:
         return self.client.stats
 
+    @property
+    def max_calls(self) -> int | None:
+        return self.llm.max_calls
+
+    @property
+    def stopped(self) -> tuple[str, str] | None:
+        """(reason, message) once the build must stop (endpoint down, cap spent, Ctrl-C), else None."""
+        return self.client.stopped
+
     def pick(self, seeds: Sequence[Seed], k: int, rng: random.Random) -> list[Seed]:
         """k distinct verified seeds, drawn with equal weight per family (as the programmatic composer)."""
         pool = [s for s in seeds if s.ops]
@@ -487,11 +642,38 @@ class LLMComposer:
 
     def compose_batch(self, requests: Sequence[tuple[Sequence[Seed], int]]) -> list[Task | Reject]:
         """Compose each (chosen seeds, K) request, up to `concurrency` at once; results in request order."""
-        if len(requests) <= 1:
-            return [self._compose_chosen(seeds, k) for seeds, k in requests]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests)),
-                                thread_name_prefix="llm-compose") as pool:
-            return list(pool.map(lambda request: self._compose_chosen(*request), requests))
+        results: list[Task | Reject | None] = [None] * len(requests)
+        todo = queue.SimpleQueue()
+        for i in range(len(requests)):
+            todo.put(i)
+
+        def work() -> None:
+            while not self.client.stop.is_set():
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    results[i] = self._compose_chosen(*requests[i])
+                except Exception as e:  # noqa: BLE001 - e.g. the client closed under it after Ctrl-C
+                    results[i] = Reject("llm_stopped" if self.client.stop.is_set() else "llm_error",
+                                        f"{type(e).__name__}: {e}"[:200])
+
+        # Daemon threads, joined in short waits: Ctrl-C reaches this thread at once, and a request still
+        # in flight then neither holds up the exit nor loses anything (its answer, if it comes before
+        # the exit, goes to the cache).
+        threads = [threading.Thread(target=work, name=f"llm-compose-{n}", daemon=True)
+                   for n in range(min(self.concurrency, len(requests)))]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.2)
+        except KeyboardInterrupt:
+            self.client.interrupt()
+            raise
+        return [r if r is not None else Reject("llm_stopped", "interrupted") for r in results]
 
     def _compose_chosen(self, seeds: Sequence[Seed], k: int) -> Task | Reject:
         seeds = list(seeds)

@@ -108,7 +108,9 @@ class FakeLLM:
         self.requests: dict[str, list[dict]] = defaultdict(list)
         self.in_flight: Counter = Counter()
         self.max_in_flight: Counter = Counter()
+        self.answered: dict[str, list[str]] = defaultdict(list)  # prompts whose reply was sent in full
         self.total = 0
+        self.die_after: int | None = None  # the server stops listening after this many requests
 
     def count(self, model: str) -> int:
         with self.lock:
@@ -125,9 +127,19 @@ class FakeLLM:
                 return Reply(400, "too many requests in one test session")
         if behaviour == "fixed":  # one module whatever the prompt asks for (the build test's crawled seeds)
             return Reply(content=good_answer(["torch.nn.Linear", "torch.tanh"]))
+        if behaviour == "slowfixed":
+            return Reply(content=good_answer(["torch.nn.Linear", "torch.tanh"]), delay_s=1.0)
+        if behaviour == "chat-styles":  # how chat models wrap code: tags, prose, several blocks, none
+            code = fused_module(["torch.nn.Linear", "torch.relu"])
+            return Reply(content=[
+                f"Here it is:\n<code class=\"language-python\">{code.replace('<', '&lt;')}</code>\nEnjoy.",
+                f"<think>First draft:\n```python\nclass Model: pass\n```</think>\nFinal program:\n\n{code}\n"
+                "This applies Linear then ReLU.",
+                f"```bash\npip install torch\n```\n```python\n{code}```\nUsage:\n```python\n"
+                "model = Model(*get_init_inputs())\n```\n"][n % 3])
         prompt = body["messages"][-1]["content"]
         ops = listed_operators(prompt)
-        good = good_answer(ops)
+        good = good_answer(ops if all(op in FAKE_LINES for op in ops) else ["torch.relu"])  # crawled seeds: a stand-in
         if behaviour == "good":
             return Reply(content=good)
         if behaviour == "flaky-tanh":  # a malformed answer whenever tanh is asked for
@@ -169,7 +181,18 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
+    def do_GET(self) -> None:  # the client's health check
+        if self.path.startswith("/noauth/"):
+            self._send(401, {"error": {"message": "invalid api key", "type": "invalid_request_error"}})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "any", "object": "model", "owned_by": "test"}]})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+
     def do_POST(self) -> None:
+        if self.path.startswith("/noauth/"):
+            self._send(401, {"error": {"message": "invalid api key", "type": "invalid_request_error"}})
+            return
         if self.path != "/v1/chat/completions":
             self._send(404, {"error": {"message": "not found"}})
             return
@@ -191,11 +214,16 @@ class _Handler(BaseHTTPRequestHandler):
                 "model": model, "usage": USAGE,
                 "choices": [{"index": 0, "finish_reason": reply.finish_reason,
                              "message": {"role": "assistant", "content": reply.content}}]})
+            with fake.lock:
+                fake.answered[model].append(body["messages"][-1]["content"])
         except OSError:  # the client gave up (timeout) and closed the connection
             pass
         finally:
             with fake.lock:
                 fake.in_flight[model] -= 1
+                dying = fake.die_after is not None and fake.total >= fake.die_after
+            if dying:  # an endpoint that dies mid-run: new connections are refused from now on
+                threading.Thread(target=lambda: (self.server.shutdown(), self.server.server_close()), daemon=True).start()
 
     def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
         data = json.dumps(payload).encode()
@@ -213,17 +241,27 @@ class _Server(ThreadingHTTPServer):
     fake: FakeLLM
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(die_after: int | None = None) -> _Server:
     httpd = _Server(("127.0.0.1", 0), _Handler)
     httpd.fake = FakeLLM()
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
+    httpd.fake.die_after = die_after
+    httpd.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    httpd.thread.start()
     httpd.base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    yield httpd
+    return httpd
+
+
+def stop_server(httpd: _Server) -> None:
     httpd.shutdown()
     httpd.server_close()
-    thread.join(5)
+    httpd.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = start_server()
+    yield httpd
+    stop_server(httpd)
 
 
 _ids = itertools.count()
@@ -372,7 +410,7 @@ def test_good_answer_becomes_a_task_labelled_from_its_ast(server):
 
 @pytest.mark.parametrize("behaviour, reason", [
     ("no-code", "llm_no_code"), ("syntax", "llm_syntax"), ("no-inputs", "llm_missing_inputs"),
-    ("bad-import", "llm_bad_import"), ("two-blocks", "llm_ambiguous"), ("no-ops", "llm_label_empty"),
+    ("bad-import", "llm_bad_import"), ("no-ops", "llm_label_empty"),
     ("truncated", "llm_truncated"),
 ])
 def test_malformed_answers_are_rejects(server, behaviour, reason):
@@ -404,17 +442,30 @@ def test_rate_limit_exhausts_retries(server):
     assert server.fake.count(config.model) == 4 and composer.stats["retries"] == 3
 
 
-def test_timeout_is_retried_then_success(server):
-    config = _config(server, "slow-once", timeout_s=0.3)
-    task, composer = _compose(config)
-    assert isinstance(task, Task), task
-    assert server.fake.count(config.model) == 2
-    assert composer.stats["errors_llm_timeout"] == 1 and composer.stats["retries"] == 1
-    # every attempt timing out is llm_timeout
-    config = _config(server, "slow-always", timeout_s=0.3, max_retries=1)
+def test_a_timeout_is_not_retried(server):
+    """A server slower than the timeout is still working on the request: asking again would double
+    its queue (the retry storm a one-slot local server suffered). One attempt, a clear reason."""
+    config = _config(server, "slow-always", timeout_s=0.3, max_retries=3)
     result, composer = _compose(config)
     assert isinstance(result, Reject) and result.reason == "llm_timeout", result
-    assert server.fake.count(config.model) == 2 and composer.stats["errors_llm_timeout"] == 2
+    assert "--llm-timeout" in result.detail
+    assert server.fake.count(config.model) == 1 and composer.stats["retries"] == 0
+    # a timeout that suits the server gets the answer
+    task, _ = _compose(_config(server, "slow-once", timeout_s=5.0))
+    assert isinstance(task, Task), task
+
+
+def test_chat_styles_of_wrapping_code_all_parse(server):
+    """<code> tags (HTML-escaped), bare code with prose around it after a <think> draft, several blocks of
+    which one defines Model: each answer gives the same program."""
+    config = _config(server, "chat-styles", concurrency=1)
+    composer = LLMComposer(llm=config)
+    pairs = [[LINEAR, RELU], [RELU, LINEAR], [LINEAR, TANH]]
+    results = composer.compose_batch([(p, 2) for p in pairs])
+    composer.close()
+    assert all(isinstance(r, Task) for r in results), results
+    assert {r.code for r in results} == {fused_module(["torch.nn.Linear", "torch.relu"])}
+    assert all(r.provenance["ops"] == ["Linear", "relu"] for r in results)
 
 
 def test_persistent_500_exhausts_retries_and_is_not_cached(server, tmp_path):
@@ -494,6 +545,7 @@ def test_compose_step_with_llm_composer(server):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # crawl and a sandboxed filter with torch.compile, on a busy 2-core box
 def test_dataset_build_cli_with_the_llm_composer(server, tmp_path, kernelbench_path, capsys):
     """End to end: CLI flags -> LLM composer -> dedup, decontamination, the sandboxed filter -> rows."""
     from cudagym.cli import main
@@ -512,3 +564,181 @@ def test_dataset_build_cli_with_the_llm_composer(server, tmp_path, kernelbench_p
     requests = server.fake.count("fixed/build")
     assert main(argv) == 0  # resumed: nothing composed, so no request
     assert server.fake.count("fixed/build") == requests
+
+
+# --------------------------------------------------------------------------------------------
+# How a build with the llm composer ends, for a user of a slow local model or a flaky hosted one:
+# one clear line, funnel.json written, nothing already answered lost, progress on stderr.
+# --------------------------------------------------------------------------------------------
+
+
+def _build_argv(out, base_url: str, model: str, *extra: str) -> list[str]:
+    return ["dataset", "build", "--out", str(out), "--composer", "llm", "--model", model, "--base-url", base_url,
+            "--api-key", "test-key", "--llm-timeout", "10", "--max-retries", "1", "--target", "3", "--device", "cpu",
+            "--parallel", "1", "--no-transformers", "--k-distribution", "2:1", *extra]
+
+
+def _funnel(out) -> dict:
+    return json.loads((out / "funnel.json").read_text())
+
+
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("cudagym: ")]
+
+
+def _cached_prompts(out) -> set[str]:
+    import duckdb
+
+    with duckdb.connect(str(out / "llm_cache.duckdb"), read_only=True) as con:
+        return {row[0] for row in con.execute("SELECT prompt FROM llm_responses").fetchall()}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("base, words", [
+    ("http://127.0.0.1:{dead}/v1", "does not answer"),  # nothing listening: connection refused
+    ("{server}/wrong/v1", "HTTP 404"),  # a server, but not this path
+    ("{noauth}/v1", "refused the API key"),
+])
+@pytest.mark.timeout(400)  # the first build of the module crawls torch (tens of seconds on a busy box)
+def test_build_fails_fast_on_a_dead_or_wrong_endpoint(server, tmp_path, capsys, base, words):
+    from cudagym.cli import main
+
+    root = server.base_url.removesuffix("/v1")
+    url = base.format(dead=_free_port(), server=root, noauth=f"{root}/noauth")
+    out = tmp_path / "build"
+    start = time.monotonic()
+    assert main(_build_argv(out, url, f"good/{next(_ids)}")) == 3
+    assert time.monotonic() - start < 120  # not 825 s of silence: one health check, no request after it
+    err = capsys.readouterr().err
+    (line,) = _error_lines(err)
+    assert words in line and len(line) < 400 and "Keys mismatch" not in err
+    funnel = _funnel(out)
+    assert funnel["status"] == "stopped" and funnel["stopped"] == "endpoint_unreachable" and words in funnel["note"]
+    assert "0 rows kept" in funnel["note"] and not (out / "dataset").exists()
+    assert funnel["versions"]["transformers"] and funnel["versions"]["python"]
+    with duckdb_store(out) as db:  # the round is not marked finished
+        assert db.execute("SELECT count(*) FROM compose_rounds").fetchone()[0] == 0
+
+
+def duckdb_store(out):
+    import duckdb
+
+    return duckdb.connect(str(out / "build.duckdb"), read_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # the first build of the module crawls torch (tens of seconds on a busy box)
+def test_build_stops_when_the_endpoint_dies_and_a_rerun_asks_only_what_is_new(server, tmp_path, capsys):
+    from cudagym.cli import main
+
+    dying = start_server(die_after=3)  # answers three requests, then refuses connections
+    out, model = tmp_path / "build", f"fixed/{next(_ids)}"
+    argv = _build_argv(out, dying.base_url, model, "--llm-max-failures", "3", "--target", "20")
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    (line,) = _error_lines(err)
+    assert "stopped answering" in line and "3 attempts in a row" in line
+    assert re.search(r"compose round 0: asked \d+, answered \d+, parsed \d+, kept 1, rejected .*LLM calls \d+", err)
+    funnel = _funnel(out)
+    assert funnel["status"] == "stopped" and funnel["stopped"] == "endpoint_down"
+    answered = set(dying.fake.answered[model])
+    assert len(answered) == 3 and _cached_prompts(out) == answered  # every answer kept
+    with duckdb_store(out) as db:
+        assert db.execute("SELECT count(*) FROM compose_rounds").fetchone()[0] == 0  # not marked finished
+    stop_server(dying)
+    # the endpoint is back (another server, same model): the rerun answers the first three from the cache
+    assert main(_build_argv(out, server.base_url, model, "--llm-max-failures", "3", "--target", "20",
+                            "--max-llm-calls", "2")) == 3
+    err = capsys.readouterr().err
+    assert "--max-llm-calls 2 spent" in _error_lines(err)[0] and "3 cached" in err
+    asked_again = [body["messages"][-1]["content"] for body in server.fake.requests[model]]
+    assert len(asked_again) == 2 and not set(asked_again) & answered
+
+
+@pytest.mark.timeout(400)  # the first build of the module crawls torch (tens of seconds on a busy box)
+def test_zero_rows_write_the_funnel_and_say_why(server, tmp_path, capsys):
+    from cudagym.cli import main
+    from cudagym.synth.build import BuildConfig, build_dataset
+
+    out = tmp_path / "build"
+    llm = _config(server, "no-code", cache_path=str(out / "llm_cache.duckdb"))
+    funnel = build_dataset(BuildConfig(out=str(out), composer="llm", target=1, transformers=False, max_rounds=1,
+                                       k_distribution={2: 1.0}, llm=llm))
+    compose = funnel["stages"][1]
+    assert compose["stage"] == "compose" and compose["kept"] == 0 and compose["dropped"] == {"llm_no_code": compose["in"]}
+    assert funnel["status"] == "short" and "stopped" not in funnel
+    assert funnel["note"] == f"0 rows kept: compose kept 0 of {compose['in']} (llm_no_code {compose['in']}); no dataset written"
+    assert _funnel(out) == funnel and not (out / "dataset").exists()
+    # the CLI: the same line, no publish error; the call cap stops the build before its rounds run out
+    out = tmp_path / "cli"
+    assert main(_build_argv(out, server.base_url, f"no-code/{next(_ids)}", "--max-llm-calls", "4")) == 3
+    err = capsys.readouterr().err
+    (line,) = _error_lines(err)
+    assert "--max-llm-calls 4 spent" in line and "round 0 unfinished (asked 4, answered 4, parsed 0" in line
+    assert "rejected llm_no_code 4" in line and "0 rows kept" in line
+    assert "Keys mismatch" not in err and _funnel(out)["stopped"] == "call_cap"
+
+
+@pytest.mark.timeout(400)  # the first build of the module crawls torch (tens of seconds on a busy box)
+def test_slow_answers_time_out_without_a_retry_storm_and_stop_the_build(server, tmp_path, capsys):
+    from cudagym.cli import main
+
+    out, model = tmp_path / "build", f"slow-always/{next(_ids)}"  # 1 s per answer, 0.3 s timeout
+    argv = _build_argv(out, server.base_url, model, "--llm-timeout", "0.3", "--max-retries", "4",
+                       "--llm-max-failures", "3", "--concurrency", "1")
+    assert main(argv) == 3
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "stopped answering" in line and "Request timed out" in line
+    assert server.fake.count(model) == 3  # one attempt per request, however many retries are allowed
+    assert _funnel(out)["stopped"] == "endpoint_down"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # the first build of the module crawls torch (tens of seconds on a busy box)
+def test_ctrl_c_stops_within_seconds_and_loses_no_answer(server, tmp_path, kernelbench_path):
+    """A real SIGINT to `cudagym dataset build --composer llm` while answers are in flight."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from cudagym.cli import main
+
+    out, model = tmp_path / "build", f"slowfixed/{next(_ids)}"  # 1 s per answer
+    argv = _build_argv(out, server.base_url, model, "--concurrency", "2", "--target", "20")
+    env = {**os.environ, "CUDAGYM_KERNELBENCH": str(kernelbench_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "cudagym.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background shell ignores it
+    try:
+        deadline = time.monotonic() + 240
+        while len(server.fake.answered[model]) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answered = set(server.fake.answered[model])
+        assert len(answered) >= 3 and proc.poll() is None
+        time.sleep(0.5)  # answers sent by now have reached the client
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        acted_in = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and _error_lines(err)[-1].startswith("cudagym: interrupted (Ctrl-C)")
+    assert acted_in < 30  # generous for a loaded machine; it waited out 120 s timeouts before
+    funnel = _funnel(out)
+    assert funnel["status"] == "stopped" and funnel["stopped"] == "interrupted"
+    assert answered <= _cached_prompts(out)  # nothing answered is lost
+    # the rerun asks none of them again
+    before, cached = server.fake.count(model), _cached_prompts(out)
+    assert main(_build_argv(out, server.base_url, model, "--concurrency", "2", "--target", "20",
+                            "--max-llm-calls", "1")) == 3
+    asked_again = [body["messages"][-1]["content"] for body in server.fake.requests[model][before:]]
+    assert len(asked_again) == 1 and not set(asked_again) & cached
