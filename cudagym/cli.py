@@ -350,7 +350,7 @@ def cmd_dataset_build(args) -> int:
 
         given = dict(model=args.model, base_url=args.base_url, api_key=args.api_key, concurrency=args.concurrency,
                      max_retries=args.max_retries, timeout_s=args.llm_timeout, temperature=args.temperature,
-                     max_tokens=args.max_tokens)
+                     max_tokens=args.max_tokens, max_calls=args.max_llm_calls, max_failures=args.llm_max_failures)
         cache = args.llm_cache or str(Path(args.out) / "llm_cache.duckdb")
         llm = LLMConfig(cache_path=None if cache == "none" else cache, **{k: v for k, v in given.items() if v is not None})
     device = args.device or _default_device()
@@ -358,17 +358,27 @@ def cmd_dataset_build(args) -> int:
                          scale=args.scale, transformers=not args.no_transformers, kb_version=args.kb_version,
                          min_eager_ms=args.min_eager_ms, max_eager_ms=args.max_eager_ms, task_timeout_s=args.timeout,
                          parallel=args.parallel or (os.cpu_count() or 1), runner=args.runner, address=args.address,
-                         llm=llm, **({"k_distribution": args.k_distribution} if args.k_distribution else {}))
+                         llm=llm, **({"k_distribution": args.k_distribution} if args.k_distribution else {}),
+                         **({"transformers_share": args.transformers_share} if args.transformers_share is not None else {}))
     if args.prefect:
         from cudagym.flows.build_dataset import build_dataset
     else:
         from cudagym.synth.build import build_dataset
-    funnel = build_dataset(config)
+    try:
+        funnel = build_dataset(config)
+    except KeyboardInterrupt:  # before the build's store was open (the crawl): nothing to report yet
+        print("cudagym: interrupted (Ctrl-C) before composing; nothing was lost", file=sys.stderr)
+        return 130
     _print_table([{"stage": s["stage"], "in": s["in"], "kept": s["kept"],
                    "dropped": ", ".join(f"{k} {v}" for k, v in sorted(s["dropped"].items(), key=lambda kv: -kv[1]))}
                   for s in funnel["stages"]], ["stage", "in", "kept", "dropped"], "dataset funnel")
     print(f"K: {', '.join(f'{k}: {n}' for k, n in funnel['k_distribution'].items())}")
-    print(f"wrote {Path(args.out) / 'dataset'} and {Path(args.out) / 'funnel.json'}")
+    wrote = [Path(args.out) / "dataset"] if funnel["stages"][-1]["kept"] else []
+    print(f"wrote {' and '.join(map(str, wrote + [Path(args.out) / 'funnel.json']))}")
+    if funnel.get("note"):
+        print(f"cudagym: {funnel['note']}", file=sys.stderr)
+    if funnel.get("stopped"):
+        return 130 if funnel["stopped"] == "interrupted" else 3
     return 0 if funnel["stages"][-1]["kept"] >= args.target else 2
 
 
@@ -670,14 +680,21 @@ def build_parser() -> argparse.ArgumentParser:
     dsb.add_argument("--timeout", type=float, default=300.0, help="seconds one task's filter run may take")
     dsb.add_argument("--kb-version", default="v0.1", help="KernelBench version to decontaminate against")
     dsb.add_argument("--no-transformers", action="store_true", help="torch seeds only")
+    dsb.add_argument("--transformers-share", type=float, default=None,
+                     help="share of seed draws on transformers seeds (default 0.005: ~1-2%% of tasks, the paper's 1.2%%)")
     dsb.add_argument("--prefect", action="store_true", help="run as the Prefect flow build_dataset")
     llm = dsb.add_argument_group("llm composer (OpenAI-compatible endpoint)")
     llm.add_argument("--model", help="model name (env CUDAGYM_LLM_MODEL)")
     llm.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (env CUDAGYM_LLM_BASE_URL / OPENAI_BASE_URL)")
     llm.add_argument("--api-key", help="API key (prefer env CUDAGYM_LLM_API_KEY / OPENAI_API_KEY)")
-    llm.add_argument("--concurrency", type=int, help="requests in flight (default 8)")
-    llm.add_argument("--max-retries", type=int, help="retries on 429 / timeout / 5xx (default 4)")
-    llm.add_argument("--llm-timeout", type=float, help="seconds per request (default 120)")
+    llm.add_argument("--concurrency", type=int,
+                     help="requests in flight (default 1, for a local one-request-at-a-time server; hosted APIs: 8)")
+    llm.add_argument("--max-retries", type=int, help="retries on 429 / connection errors / 5xx (default 4)")
+    llm.add_argument("--llm-timeout", type=float,
+                     help="seconds per request, never retried on timeout (default 300; a slow local model needs more)")
+    llm.add_argument("--max-llm-calls", type=int, help="stop the build after this many HTTP requests (default: no cap)")
+    llm.add_argument("--llm-max-failures", type=int,
+                     help="stop the build after this many attempts in a row get no answer (default 6)")
     llm.add_argument("--temperature", type=float, help="sampling temperature (default 0.7)")
     llm.add_argument("--max-tokens", type=int, help="completion token limit (default 2048)")
     llm.add_argument("--llm-cache", help="DuckDB cache of answers (default OUT/llm_cache.duckdb; 'none' disables)")
