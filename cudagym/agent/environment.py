@@ -25,11 +25,11 @@ from pathlib import Path
 
 from cudagym.agent.tools import TOOLS, ToolResult, call_tool, error, truncate
 from cudagym.agent.workdir import (BUILD_DIR, CONTROL_DIR, SOCKET_NAME, TMP_DIR, WorkdirError, candidate_sources,
-                                   changed_protected, create_workdir, sandbox_ids)
+                                   changed_protected, create_workdir, release_ids, sandbox_ids)
 from cudagym.eval.evaluate import EvalConfig, evaluate_candidate
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task
-from cudagym.tasks.sandbox import Confinement, kill_tree, run_confined
+from cudagym.tasks.sandbox import Confinement, end_processes_of, kill_tree, run_confined
 
 __all__ = ["TOOL_NAMES", "EnvConfig", "KernelEnv", "ToolResult"]
 
@@ -137,9 +137,13 @@ class KernelEnv:
 
     def close(self) -> None:
         """Kill anything still running from the workdir and stop the command socket."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         for pid in list(self._shells):
             kill_tree(pid)
+        end_processes_of(self.ids[0])
+        release_ids(self.ids[0])
         try:
             self._server.close()
         except OSError:

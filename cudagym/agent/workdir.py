@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import shutil
+import threading
 import tokenize
 from importlib import resources
 from pathlib import Path
@@ -54,11 +55,26 @@ class WorkdirError(ValueError):
     """A path the agent may not use, or a candidate that cannot be sent to the judge (one line)."""
 
 
+FIRST_UID, N_UIDS = 200_000, 100_000
+_CLAIMED: set[int] = set()  # uids of this process's live environments
+_CLAIM_LOCK = threading.Lock()
+
+
 def sandbox_ids(workdir: Path) -> tuple[int, int]:
-    """The unprivileged uid/gid of a workdir's shell: one per workdir (derived from its path), so one
-    rollout's fork bomb spends its own RLIMIT_NPROC, not its neighbours'."""
-    n = int(hashlib.sha256(str(workdir).encode()).hexdigest(), 16) % 100_000
-    return 200_000 + n, 200_000 + n
+    """The unprivileged uid/gid of a workdir's shell: one per workdir (from its path, the next free one
+    if this process already uses it), so one rollout's fork bomb spends its own RLIMIT_NPROC, and the
+    processes left of a call are its own. Processes on one host draw from the same 100,000 uids."""
+    n = int(hashlib.sha256(str(workdir).encode()).hexdigest(), 16) % N_UIDS
+    with _CLAIM_LOCK:
+        while FIRST_UID + n in _CLAIMED:
+            n = (n + 1) % N_UIDS
+        _CLAIMED.add(FIRST_UID + n)
+    return FIRST_UID + n, FIRST_UID + n
+
+
+def release_ids(uid: int) -> None:
+    with _CLAIM_LOCK:
+        _CLAIMED.discard(uid)
 
 
 def starter_model_new(task_code: str) -> str:

@@ -277,8 +277,9 @@ def run_confined(argv: list[str], confinement: Confinement, env: dict[str, str],
             if chunk:
                 tail += chunk
                 del tail[:-keep_bytes]
-        kill_tree(proc.pid)  # the launcher's group: nothing of this call keeps running
+        kill_tree(proc.pid)  # the launcher's group, and with its pid 1 the whole namespace
         proc.wait()
+    end_processes_of(confinement.uid)  # the namespace dies asynchronously: make sure nothing is left
     proc.stdout.close()
     output = (head + tail).decode(errors="replace")
     result = ConfinedResult(returncode=proc.returncode, output=output, output_bytes=total,
@@ -293,6 +294,32 @@ def run_confined(argv: list[str], confinement: Confinement, env: dict[str, str],
     if watchdog.fired:
         result.events.append(f"killed: memory passed {memory_limit_bytes >> 20} MiB")
     return result
+
+
+def end_processes_of(uid: int, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL every live process of `uid` (a confined command's own uid) until none is left or
+    wait_s passed; returns those still alive then (zombies do not count: they run nothing)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+                if state != b"Z" and os.stat(f"/proc/{entry.name}").st_uid == uid:
+                    alive.append(int(entry.name))
+            except (OSError, IndexError):
+                continue
+        if not alive or time.monotonic() > deadline:
+            return alive
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
 
 
 def _confine_and_exec(spec: dict, argv: list[str]) -> None:
