@@ -6,14 +6,20 @@ the model, base URL and key (from arguments, else `CUDAGYM_LLM_MODEL`, `CUDAGYM_
 
 One composition is: pick K seeds (the programmatic composer's family weighting), ask for one fused
 module (`build_prompt`), call the endpoint (`LLMClient.complete`: our own retries with exponential
-backoff and jitter on 429 / timeouts / connection errors / 5xx, Retry-After honoured up to
-`max_backoff_s`; a DuckDB cache of answers keyed by the prompt, so a rerun makes no HTTP call), then
-parse the answer strictly (`parse_answer`). Every failure is a `compose.Reject` with a stable code
+backoff and jitter on 429 / connection errors / 5xx, Retry-After honoured up to `max_backoff_s`; a
+timeout is not retried, the server may still be working on it; a DuckDB cache of answers keyed by
+the prompt, so a rerun makes no HTTP call), then parse the answer (`parse_answer`: fenced, tagged
+or bare code, see `extract_code`). Every failure is a `compose.Reject` with a stable code
 (`REJECT_REASONS`), never an exception. `compose_batch` runs up to `concurrency` compositions at
-once, in threads; results keep the order of the requests.
+once, in daemon threads (Ctrl-C acts at once); results keep the order of the requests.
 
-The dataset's labels (`ops`, `data_source`) come from the code's AST (`compose.ops_from_code`,
-`compose.data_source_of`), never from what the model says it wrote. The answer's code is not run
+What stops a build (`LLMComposer.stopped`, raised by the compose step as `compose.ComposeStopped`
+after the batch): the health check before the first uncached request (`LLMClient.check_endpoint`),
+the circuit breaker (`max_failures` attempts in a row without an HTTP answer), the call cap
+(`max_calls`) and Ctrl-C. Answers already received are in the cache by then.
+
+The dataset's labels (`ops`, `data_source`) come from the code's AST (`labels.ops_from_code`,
+`labels.data_source_of`), never from what the model says it wrote. The answer's code is not run
 here: the exec filter, a later step, runs every task in a sandbox.
 """
 
