@@ -8,9 +8,9 @@ is the step), so one server serves many rollouts at once. The tests use it, and 
 `cudagym agent rollout --model scripted:honest` (no --base-url: `run_rollouts` starts one).
 
 Policies (`POLICIES`):
-- `honest`: reads model.py, writes an honest C++ kernel (for the CPU tasks of examples/problems it
-  knows: small matmul, diagonal matmul), verifies, profiles, answers; for other tasks it answers
-  at once that it has no kernel.
+- `honest`: reads model.py, writes an honest C++ kernel (examples/submission_cpu's, for the CPU tasks
+  of examples/problems it knows: small matmul, diagonal matmul), verifies, profiles, answers; for
+  other tasks it answers at once that it has no kernel.
 - `quick`: reads model.py and answers.
 - `chatty`: runs `echo` forever (stops on max_turns).
 - `big`: prints 6,000 characters a turn, forever (fills the context budget).
@@ -45,79 +45,11 @@ from cudagym.agent.client import estimate_tokens
 
 SCRIPTED_PREFIX = "scripted:"
 
-# Honest C++ kernels for CPU tasks of examples/problems, keyed by a line of the task's forward.
-DIAG_MATMUL_KERNEL = r'''# Honest: diag(A) @ B is row scaling, O(N*M) instead of O(N*N*M).
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-cpp_source = r"""
-#include <torch/extension.h>
-
-torch::Tensor diag_matmul_cpu(torch::Tensor A, torch::Tensor B) {
-    auto a = A.contiguous();
-    auto b = B.contiguous();
-    const int64_t n = b.size(0), m = b.size(1);
-    auto c = torch::empty_like(b);
-    const float* pa = a.data_ptr<float>();
-    const float* pb = b.data_ptr<float>();
-    float* pc = c.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j) pc[i * m + j] = pa[i] * pb[i * m + j];
-    return c;
-}
-"""
-
-ext = load_inline(name="cudagym_scripted_diag_matmul_cpu", cpp_sources=cpp_source, functions=["diag_matmul_cpu"],
-                  extra_cflags=["-O3"], verbose=False)
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, A, B):
-        return ext.diag_matmul_cpu(A, B)
-'''
-
-MATMUL_KERNEL = r'''# Honest: a C++ matmul (i-k-j loop order, so the inner loop streams rows of B and C).
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-cpp_source = r"""
-#include <torch/extension.h>
-
-torch::Tensor matmul_cpu(torch::Tensor A, torch::Tensor B) {
-    auto a = A.contiguous();
-    auto b = B.contiguous();
-    const int64_t n = a.size(0), k = a.size(1), m = b.size(1);
-    auto c = torch::zeros({n, m}, a.options());
-    const float* pa = a.data_ptr<float>();
-    const float* pb = b.data_ptr<float>();
-    float* pc = c.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i)
-        for (int64_t p = 0; p < k; ++p) {
-            const float s = pa[i * k + p];
-            for (int64_t j = 0; j < m; ++j) pc[i * m + j] += s * pb[p * m + j];
-        }
-    return c;
-}
-"""
-
-ext = load_inline(name="cudagym_scripted_matmul_cpu", cpp_sources=cpp_source, functions=["matmul_cpu"],
-                  extra_cflags=["-O3"], verbose=False)
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, A, B):
-        return ext.matmul_cpu(A, B)
-'''
-
-HONEST_KERNELS = {"torch.diag(A) @ B": DIAG_MATMUL_KERNEL, "torch.matmul(A, B)": MATMUL_KERNEL}
+# Honest C++ kernels for CPU tasks of examples/problems: the example submission's (the same extension
+# names, so the demo's eval run and the scripted agent share one build), keyed by a line of the task.
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+HONEST_KERNELS = {"torch.diag(A) @ B": EXAMPLES / "submission_cpu" / "level1" / "4_Diag_matmul.py",
+                  "torch.matmul(A, B)": EXAMPLES / "submission_cpu" / "level1" / "1_Small_matmul.py"}
 ANSWER = "Done."
 
 
@@ -131,9 +63,10 @@ def _task_text(messages: list[dict]) -> str:
 
 def honest(step: int, messages: list[dict], server: "ScriptedServer") -> list | str:
     text = _task_text(messages[:2])
-    kernel = next((k for marker, k in HONEST_KERNELS.items() if marker in text), None)
-    if kernel is None:
+    path = next((p for marker, p in HONEST_KERNELS.items() if marker in text), None)
+    if path is None or not path.is_file():  # an unknown task (or no examples/ folder beside the package)
         return "I have no kernel for this task."
+    kernel = path.read_text()
     script = [[call("read_file", path="model.py")], [call("write_file", path="model_new.py", content=kernel)],
               [call("verify")], [call("profile")]]
     return script[step] if step < len(script) else "The kernel is correct and profiled. " + ANSWER
@@ -379,37 +312,16 @@ class ScriptedServer:
             self._httpd.server_close()
 
 
-SCRIPTED_TASK = '''import torch
-import torch.nn as nn
-
-# scripted-policy: {policy}
-
-
-class Model(nn.Module):
-    """Softmax over the last dimension (a task for a scripted policy)."""
-
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return torch.softmax(x, dim=-1)
-
-
-def get_inputs():
-    return [torch.randn(8, 64)]
-
-
-def get_init_inputs():
-    return []
-'''
+SCRIPTED_TASK = EXAMPLES / "problems" / "1_3_Softmax.py"  # a small task; the policy's name goes in a comment
 
 
 def write_task_set(folder: str | Path, policies: list[str], level: int = 1) -> Path:
     """A task-set folder (LEVEL_ID_NAME.py files) whose i-th task names policies[i] for `scripted:task`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    code = SCRIPTED_TASK.read_text()
     for i, policy in enumerate(policies, 1):
         parse_model(SCRIPTED_PREFIX + policy)
         name = re.sub(r"[^A-Za-z0-9]+", "_", policy)
-        (folder / f"{level}_{i}_{name}.py").write_text(SCRIPTED_TASK.format(policy=policy))
+        (folder / f"{level}_{i}_{name}.py").write_text(f"# scripted-policy: {policy}\n{code}")
     return folder

@@ -107,3 +107,19 @@ def test_a_killed_batch_resumes_without_redoing_finished_rollouts(tmp_path, caps
     # another model on the same folder is refused rather than mixed in
     assert "another model" in _error(capsys, ["agent", "rollout", "--tasks", str(tasks), "--model", "scripted:quick",
                                               "--device", "cpu", "--out", str(out)])
+
+
+@pytest.mark.slow
+def test_agent_eval_scores_kernelbench_problems_with_the_leaderboard_metrics(capsys, tmp_path, kernelbench_path):
+    out = tmp_path / "eval"
+    argv = ["agent", "eval", "--model", "scripted:quick", "--levels", "1", "--ids", "1-2", "--device", "cpu",
+            "--parallel", "2", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["rollouts"], summary["finished"], summary["rewards"]) == (2, 2, {"-1": 2})
+    overall, level1 = summary["metrics"]["overall"], summary["metrics"]["level1"]
+    assert overall["n"] == level1["n"] == 2 and overall["pass_rate"] == 0.0  # the starting model_new.py is rejected
+    with TrajectoryStore(out / "trajectories.duckdb", read_only=True) as store:
+        rows = store.rollouts()
+    assert [(r["level"], r["problem_id"]) for r in rows] == [(1, 1), (1, 2)]
+    assert all(r["settings"]["max_turns"] == 200 and r["task_id"].startswith("v0.1/L1/") for r in rows)

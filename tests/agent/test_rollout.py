@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from cudagym.agent.rollout import RolloutConfig, rollout_id, run_rollouts, select_tasks
-from cudagym.agent.scripted import DIAG_MATMUL_KERNEL, ScriptedServer, write_task_set
+from cudagym.agent.scripted import HONEST_KERNELS, ScriptedServer, write_task_set
 from cudagym.agent.store import TrajectoryStore
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "problems"
+DIAG_MATMUL_KERNEL = HONEST_KERNELS["torch.diag(A) @ B"].read_text()
 
 
 @pytest.mark.slow
