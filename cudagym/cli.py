@@ -390,6 +390,27 @@ def cmd_dataset_publish(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from cudagym.flows.serve import DEPLOYMENTS, ServeConfig, parse_assignment, parse_parameter, serve
+
+    names = tuple(n.strip() for n in args.deployments.split(",") if n.strip()) if args.deployments else tuple(DEPLOYMENTS)
+    cron = dict(parse_assignment(text, "--cron") for text in args.cron)
+    interval = {}
+    for text in args.interval:
+        name, value = parse_assignment(text, "--interval")
+        try:
+            interval[name] = float(value)
+        except ValueError:
+            raise UsageError(f"--interval {name}= takes seconds, got {value!r}") from None
+    parameters: dict[str, dict] = {}
+    for text in args.param:
+        name, key, value = parse_parameter(text)
+        parameters.setdefault(name, {})[key] = value
+    serve(ServeConfig(names=names, cron=cron, interval_s=interval, parameters=parameters,
+                      start_server=args.start_server, port=args.port))
+    return 0
+
+
 # -- agent ------------------------------------------------------------------------------------------
 def _rollout_config(args, **overrides):
     from cudagym.agent.rollout import RolloutConfig
@@ -706,6 +727,17 @@ def build_parser() -> argparse.ArgumentParser:
     dsp.add_argument("--dry-run", action="store_true", help="write the folder that would be uploaded (DIR/hub) and stop")
     dsp.add_argument("--out", default=None, help="with --dry-run: where to write that folder (default DIR/hub)")
     dsp.set_defaults(func=cmd_dataset_publish)
+    sv = sub.add_parser("serve", help="register and serve the Prefect deployments (docs/flows.md)")
+    sv.add_argument("--deployments", metavar="NAME,...",
+                    help="which (default all): build_dataset, refresh_leaderboard, audit, agent_rollouts, train")
+    sv.add_argument("--cron", action="append", default=[], metavar="NAME=EXPR", help="schedule NAME by cron (repeatable)")
+    sv.add_argument("--interval", action="append", default=[], metavar="NAME=SECONDS",
+                    help="schedule NAME every SECONDS instead (repeatable)")
+    sv.add_argument("--param", action="append", default=[], metavar="NAME.KEY=VALUE",
+                    help="default parameter of a deployment, VALUE as JSON or a string (repeatable)")
+    sv.add_argument("--start-server", action="store_true", help="start a local Prefect server on 127.0.0.1 first")
+    sv.add_argument("--port", type=int, default=4200, help="with --start-server: its port (default 4200)")
+    sv.set_defaults(func=cmd_serve)
     _add_agent_commands(sub)
     return parser
 

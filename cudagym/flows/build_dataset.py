@@ -15,7 +15,10 @@ from prefect import flow, get_run_logger
 from prefect import task as ptask
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
 
+from cudagym.flows import artifacts
+from cudagym.flows.devices import device_slot
 from cudagym.synth import build
 from cudagym.synth.build import BuildConfig, BuildStore
 
@@ -31,7 +34,10 @@ def crawl(config: BuildConfig) -> dict:
     return build.crawl_stage(config)[1]
 
 
-@ptask(cache_policy=NO_CACHE, name="compose")
+# LLM endpoints drop connections and rate-limit: a failed compose is retried with backoff (what it
+# stored before failing stays; the retry composes what is still missing).
+@ptask(cache_policy=NO_CACHE, name="compose", retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=30),
+       retry_jitter_factor=0.5)
 def compose(config: BuildConfig, n_tasks: int) -> int:
     seeds, _ = build.crawl_stage(config)  # cached per process: the seed list never leaves this task
     with _store(config) as store:
@@ -58,13 +64,37 @@ def publish(config: BuildConfig, crawl_entry: dict) -> dict:
         return build.publish_stage(config, build.dataset_rows(store, labelled), [crawl_entry] + stages)
 
 
+@ptask(cache_policy=NO_CACHE, name="push to the Hub", retries=3,
+       retry_delay_seconds=exponential_backoff(backoff_factor=60), retry_jitter_factor=0.5)
+def push_to_hub(config: BuildConfig, repo: str) -> str:
+    from cudagym.synth.publish import publish as publish_build
+
+    return str(publish_build(config.out, repo, dry_run=False))
+
+
 @flow(name="build_dataset", log_prints=True)
-def build_dataset(config: BuildConfig) -> dict:
-    """`cudagym.synth.build.build_dataset`, stage by stage, with the funnel as flow artifacts."""
+def build_dataset(config: BuildConfig, hub_repo: str | None = None) -> dict:
+    """`cudagym.synth.build.build_dataset`, stage by stage, with the funnel as flow artifacts; then,
+    with `hub_repo` (OWNER/NAME), the push to the Hugging Face Hub (token from the environment)."""
     logger = get_run_logger()
     with _store(config) as store:
         store.check_identity(config.identity())
     crawl_entry = crawl(config)
+    with device_slot(config.device):  # the filter runs candidates on the device
+        _build_rounds(config, logger)
+    funnel = publish(config, crawl_entry)
+    create_table_artifact(key=artifacts.DATASET_FUNNEL_KEY, table=[
+        {"stage": s["stage"], "in": s["in"], "kept": s["kept"],
+         "dropped": ", ".join(f"{k} {v}" for k, v in s["dropped"].items())} for s in funnel["stages"]],
+        description="cudagym dataset funnel")
+    create_markdown_artifact(key=artifacts.DATASET_K_KEY, markdown="| K | rows |\n|---|---|\n" + "\n".join(
+        f"| {k} | {n} |" for k, n in funnel["k_distribution"].items()))
+    if hub_repo:
+        logger.info("pushed %s", push_to_hub(config, hub_repo))
+    return funnel
+
+
+def _build_rounds(config: BuildConfig, logger) -> None:
     for _ in range(config.max_rounds):
         n_rows, stages = select(config, 0)
         missing = config.target - n_rows
@@ -76,13 +106,6 @@ def build_dataset(config: BuildConfig) -> dict:
             compose(config, wanted - pending)
         n_rows, _ = select(config, wanted)
         logger.info("%d of %d rows", n_rows, config.target)
-    funnel = publish(config, crawl_entry)
-    create_table_artifact(key="funnel", table=[{"stage": s["stage"], "in": s["in"], "kept": s["kept"],
-                                                "dropped": ", ".join(f"{k} {v}" for k, v in s["dropped"].items())}
-                                               for s in funnel["stages"]], description="cudagym dataset funnel")
-    create_markdown_artifact(key="k-distribution", markdown="| K | rows |\n|---|---|\n" + "\n".join(
-        f"| {k} | {n} |" for k, n in funnel["k_distribution"].items()))
-    return funnel
 
 
 if __name__ == "__main__":

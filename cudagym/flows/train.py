@@ -1,0 +1,18 @@
+"""Training as a Prefect flow: a placeholder until the training issue lands.
+
+The deployment exists (unscheduled) so that the UI lists it and a schedule can be set once training
+is in; until then a run fails at once with one line saying why, rather than doing anything.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.states import Failed
+
+NOT_YET = "training is not part of cudagym yet (the training issue): this deployment has nothing to run"
+
+
+@flow(name="train", log_prints=True)
+def train(tasks: str = "kernelbench", out: str = "out/train", model: str = "", device: str = "auto"):
+    """Train a kernel-writing policy on `tasks` (not available yet: the run fails with one line)."""
+    return Failed(message=NOT_YET)  # a failed state with this message, not a traceback in the run's log
