@@ -330,8 +330,8 @@ class Agent:
         try:
             result = await asyncio.to_thread(self.env.execute, call.name, arguments)
         except Exception as e:  # the environment promises not to raise; if it does, the model is told and we go on
-            call.ok, call.output, call.elapsed_s = False, f"error: {call.name} failed: {type(e).__name__}: {e}"[:2000], \
-                time.monotonic() - start
+            call.ok, call.output = False, f"error: {call.name} failed: {type(e).__name__}: {e}"[:2000]
+            call.elapsed_s = time.monotonic() - start
             return
         call.ok, call.output, call.data = bool(result.ok), result.output, result.data
         call.elapsed_s, call.build_s = float(result.elapsed_s or time.monotonic() - start), float(result.build_s or 0.0)

@@ -207,3 +207,15 @@ def test_loop_outcomes_in_one_batch(tmp_path):
     last = [m["content"] for m in big_bodies[-1]["messages"] if m["role"] == "tool"]
     assert MARKER_TEXT in last[0] and all(MARKER_TEXT not in text for text in last[-2:])
     assert all(MARKER_TEXT not in (m["content"] or "") for m in messages["big"])
+
+
+@pytest.mark.slow
+def test_wall_time_budget_stops_a_rollout(tmp_path):
+    tasks = write_task_set(tmp_path / "tasks", ["chatty+delay"])  # runs echo forever, each reply after 0.5 s
+    config = RolloutConfig(tasks=str(tasks), out=str(tmp_path / "out"), model="scripted:task", device="cpu",
+                           parallel=1, max_turns=1000, wall_s=3.0)
+    summary = run_rollouts(config)
+    assert summary["stop_reasons"] == {"wall_time": 1} and summary["finished"] == 1
+    with TrajectoryStore(summary["db"], read_only=True) as store:
+        (row,) = store.rollouts()
+    assert 1 <= row["turns"] < 1000 and row["reward"] == -1  # still scored by the judge
