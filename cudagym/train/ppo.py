@@ -250,23 +250,76 @@ def response_values(critic: torch.nn.Module, batch: PPOBatch) -> torch.Tensor:
     return values[:, -r - 1 : -1].float()
 
 
+def in_micro_batches(fn: Callable[[PPOBatch], torch.Tensor], batch: PPOBatch, micro_batch_size: int) -> torch.Tensor:
+    """fn over consecutive slices of `batch`, concatenated along the batch dimension."""
+    n = batch.input_ids.shape[0]
+    return torch.cat([fn(batch.select(torch.arange(i, min(i + micro_batch_size, n)))) for i in range(0, n, micro_batch_size)])
+
+
 @torch.no_grad()
 def rollout_logprobs(policy: torch.nn.Module, batch: PPOBatch, config: PPOConfig) -> torch.Tensor:
-    """Log-probs of the sampled response tokens under `policy` (B, R), in micro-batches, no gradient."""
-    parts = []
-    for start in range(0, batch.input_ids.shape[0], config.micro_batch_size):
-        micro = batch.select(torch.arange(start, min(start + config.micro_batch_size, batch.input_ids.shape[0])))
-        parts.append(token_logprobs(response_logits(policy, micro, config.temperature), micro.input_ids[:, -micro.response_length :]))
-    return torch.cat(parts)
+    """Log-probs of the sampled response tokens under `policy` (B, R), no gradient."""
+    def logprobs(micro: PPOBatch) -> torch.Tensor:
+        return token_logprobs(response_logits(policy, micro, config.temperature), micro.input_ids[:, -micro.response_length :])
+
+    return in_micro_batches(logprobs, batch, config.micro_batch_size)
 
 
 @torch.no_grad()
 def rollout_values(critic: torch.nn.Module, batch: PPOBatch, config: PPOConfig) -> torch.Tensor:
-    parts = []
-    for start in range(0, batch.input_ids.shape[0], config.micro_batch_size):
-        micro = batch.select(torch.arange(start, min(start + config.micro_batch_size, batch.input_ids.shape[0])))
-        parts.append(response_values(critic, micro))
-    return torch.cat(parts)
+    """The critic's values of the response positions (B, R), no gradient."""
+    return in_micro_batches(lambda micro: response_values(critic, micro), batch, config.micro_batch_size)
+
+
+def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, mini: torch.Tensor,
+                old_logprobs: torch.Tensor, advantages: torch.Tensor, config: PPOConfig,
+                ref_logprobs: torch.Tensor | None = None) -> dict[str, float]:
+    """One optimizer step of the policy on the rows `mini` of `batch`, gradients accumulated over
+    micro-batches so that the loss is the token-mean over the whole mini-batch."""
+    mask = batch.response_mask.float()
+    tokens = batch.input_ids[:, -batch.response_length :]
+    mini_tokens = mask[mini].sum().clamp(min=1)
+    optimizer.zero_grad()
+    stats = dict.fromkeys(("pg_loss", "entropy", "clipfrac", "approx_kl", "kl"), 0.0)
+    for micro in mini.split(config.micro_batch_size):
+        m = mask[micro]
+        weight = float(m.sum() / mini_tokens)
+        logits = response_logits(policy, batch.select(micro), config.temperature)
+        logprobs = token_logprobs(logits, tokens[micro])
+        pg, pg_stats = policy_loss(logprobs, old_logprobs[micro], advantages[micro], m, config.clip_low, config.clip_high,
+                                   config.dual_clip)
+        entropy = masked_mean(entropy_from_logits(logits), m)
+        loss = pg - config.entropy_coef * entropy
+        if ref_logprobs is not None:
+            kl = masked_mean(kl_estimate(logprobs, ref_logprobs[micro], config.kl_estimator), m)
+            loss = loss + config.kl_coef * kl
+            stats["kl"] += weight * float(kl.detach())
+        (loss * weight).backward()
+        for key, value in (("pg_loss", pg), ("entropy", entropy), *pg_stats.items()):
+            stats[key] += weight * float(value.detach())
+    stats["policy_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
+    optimizer.step()
+    return stats
+
+
+def critic_step(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PPOBatch, mini: torch.Tensor,
+                old_values: torch.Tensor, returns: torch.Tensor, config: PPOConfig) -> dict[str, float]:
+    """One optimizer step of the critic on the rows `mini` (clipped value loss, token-mean)."""
+    mask = batch.response_mask.float()
+    mini_tokens = mask[mini].sum().clamp(min=1)
+    optimizer.zero_grad()
+    stats = {"vf_loss": 0.0, "vf_clipfrac": 0.0}
+    for micro in mini.split(config.micro_batch_size):
+        m = mask[micro]
+        weight = float(m.sum() / mini_tokens)
+        vf, vf_stats = value_loss(response_values(critic, batch.select(micro)), old_values[micro], returns[micro], m,
+                                  config.value_clip)
+        (vf * weight).backward()
+        stats["vf_loss"] += weight * float(vf.detach())
+        stats["vf_clipfrac"] += weight * float(vf_stats["vf_clipfrac"])
+    stats["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), config.max_grad_norm))
+    optimizer.step()
+    return stats
 
 
 def update(
@@ -281,9 +334,8 @@ def update(
 ) -> dict[str, float]:
     """config.epochs PPO epochs over `batch` (the rollout of the current policy); returns diagnostics.
 
-    Steps: log-probs and values of the rollout (no gradient), GAE, whitened advantages, then for each
-    shuffled mini-batch one optimizer step of the policy and one of the critic, accumulating gradients
-    over micro-batches so that the loss is the token-mean over the whole mini-batch.
+    Log-probs and values of the rollout (no gradient), GAE, whitened advantages, then for each
+    shuffled mini-batch one step of the policy and one of the critic.
     """
     n = batch.input_ids.shape[0]
     if config.kl_coef > 0 and reference is None:
@@ -291,7 +343,6 @@ def update(
     if n % config.mini_batch_size:
         raise ValueError(f"batch of {n} sequences is not a multiple of mini_batch_size {config.mini_batch_size}")
     mask = batch.response_mask.float()
-    tokens = batch.input_ids[:, -batch.response_length :]
     old_logprobs = rollout_logprobs(policy, batch, config)
     old_values = rollout_values(critic, batch, config)
     ref_logprobs = rollout_logprobs(reference, batch, config) if reference is not None and config.kl_coef > 0 else None
@@ -303,34 +354,8 @@ def update(
     steps = 0
     for _ in range(config.epochs):
         for mini in torch.randperm(n, generator=generator).split(config.mini_batch_size):
-            mini_tokens = mask[mini].sum().clamp(min=1)
-            policy_optimizer.zero_grad()
-            critic_optimizer.zero_grad()
-            stats = dict.fromkeys(("pg_loss", "vf_loss", "entropy", "clipfrac", "approx_kl", "vf_clipfrac", "kl"), 0.0)
-            for micro in mini.split(config.micro_batch_size):
-                part = batch.select(micro)
-                weight = float(mask[micro].sum() / mini_tokens)  # token-mean over the mini-batch
-                m = mask[micro]
-                logits = response_logits(policy, part, config.temperature)
-                logprobs = token_logprobs(logits, tokens[micro])
-                pg, pg_stats = policy_loss(
-                    logprobs, old_logprobs[micro], advantages[micro], m, config.clip_low, config.clip_high, config.dual_clip
-                )
-                entropy = masked_mean(entropy_from_logits(logits), m)
-                loss = pg - config.entropy_coef * entropy
-                if ref_logprobs is not None:
-                    kl = masked_mean(kl_estimate(logprobs, ref_logprobs[micro], config.kl_estimator), m)
-                    loss = loss + config.kl_coef * kl
-                    stats["kl"] += weight * kl.item()
-                (loss * weight).backward()
-                vf, vf_stats = value_loss(response_values(critic, part), old_values[micro], returns[micro], m, config.value_clip)
-                (vf * weight).backward()
-                for key, value in (("pg_loss", pg), ("vf_loss", vf), ("entropy", entropy), *pg_stats.items(), *vf_stats.items()):
-                    stats[key] += weight * float(value.detach())
-            stats["policy_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
-            stats["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), config.max_grad_norm))
-            policy_optimizer.step()
-            critic_optimizer.step()
+            stats = policy_step(policy, policy_optimizer, batch, mini, old_logprobs, advantages, config, ref_logprobs)
+            stats.update(critic_step(critic, critic_optimizer, batch, mini, old_values, returns, config))
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             steps += 1

@@ -9,7 +9,6 @@ import torch
 
 from cudagym.train.ppo import (
     ADVANTAGE_ESTIMATORS,
-    PPOBatch,
     PPOConfig,
     compute_gae,
     entropy_from_logits,
@@ -178,44 +177,18 @@ def test_config_defaults_and_checks():
             PPOConfig(**bad)
 
 
-# --- update() on a tiny transformers model ------------------------------------------------------
+# --- update() on a tiny transformers model (fixtures tiny_models, toy_batch: tests/train/conftest.py)
 
 
-def _tiny_models(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from cudagym.train.critic import ValueModel
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
-    policy = LlamaForCausalLM(config)
-    critic = ValueModel.from_policy(policy)
-    return policy, critic
-
-
-def _batch() -> PPOBatch:
-    # 4 sequences: a 2-token prompt (row 1 left-padded from 1 token), a 6-token response with a tool
-    # span in the middle; rows 0 and 2 rewarded
-    input_ids = t([[1, 2, 5, 6, 30, 31, 7, 8], [0, 3, 5, 9, 30, 31, 7, 8], [1, 2, 5, 6, 30, 31, 7, 8], [1, 4, 9, 9, 30, 31, 9, 9]])
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, 0] = 0
-    response_mask = t([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]] * 4)
-    rewards = torch.zeros(4, 6)
-    rewards[[0, 2], 5] = 1.0
-    rewards[[1, 3], 5] = -1.0
-    return PPOBatch(input_ids, attention_mask, response_mask, rewards)
-
-
-def test_update_accumulates_micro_batches_exactly():
+def test_update_accumulates_micro_batches_exactly(tiny_models, toy_batch):
     # one mini-batch of 4 in one forward or in micro-batches of 1: the same token-mean loss, the same step
     results = []
     for micro in (4, 1):
-        policy, critic = _tiny_models()
+        policy, critic = tiny_models()
         config = PPOConfig(batch_size=4, mini_batch_size=4, micro_batch_size=micro, actor_lr=1e-2, critic_lr=1e-2)
         opt_p = torch.optim.SGD(policy.parameters(), lr=config.actor_lr)
         opt_c = torch.optim.SGD(critic.parameters(), lr=config.critic_lr)
-        metrics = update(policy, critic, _batch(), opt_p, opt_c, config, generator=torch.Generator().manual_seed(0))
+        metrics = update(policy, critic, toy_batch, opt_p, opt_c, config, generator=torch.Generator().manual_seed(0))
         results.append((torch.cat([p.flatten() for p in policy.parameters()]), torch.cat([p.flatten() for p in critic.parameters()]), metrics))
     (p4, c4, m4), (p1, c1, m1) = results
     assert torch.allclose(p4, p1, atol=1e-6) and torch.allclose(c4, c1, atol=1e-6)
@@ -224,11 +197,11 @@ def test_update_accumulates_micro_batches_exactly():
     assert m4["response_tokens"] == 16.0
 
 
-def test_update_raises_rewarded_sequences_and_fits_values():
-    policy, critic = _tiny_models()
-    batch = _batch()
+def test_update_raises_rewarded_sequences_and_fits_values(tiny_models, toy_batch):
+    policy, critic = tiny_models()
+    batch = toy_batch
     config = PPOConfig(batch_size=4, mini_batch_size=2, micro_batch_size=2, actor_lr=1e-2, critic_lr=1e-2, kl_coef=0.1)
-    reference, _ = _tiny_models()
+    reference, _ = tiny_models()
     opt_p = torch.optim.Adam(policy.parameters(), lr=config.actor_lr)
     opt_c = torch.optim.Adam(critic.parameters(), lr=config.critic_lr)
     from cudagym.train.ppo import rollout_logprobs, rollout_values
@@ -250,9 +223,9 @@ def test_update_raises_rewarded_sequences_and_fits_values():
     assert rollout_values(critic, batch, config)[0, 5] > 0.0
 
 
-def test_update_needs_a_reference_for_kl():
-    policy, critic = _tiny_models()
+def test_update_needs_a_reference_for_kl(tiny_models, toy_batch):
+    policy, critic = tiny_models()
     config = PPOConfig(batch_size=4, mini_batch_size=4, micro_batch_size=4, kl_coef=0.1)
     opt = torch.optim.SGD(policy.parameters(), lr=1e-3)
     with pytest.raises(ValueError, match="reference"):
-        update(policy, critic, _batch(), opt, opt, config)
+        update(policy, critic, toy_batch, opt, opt, config)
