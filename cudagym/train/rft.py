@@ -19,17 +19,22 @@ threshold and its behaviour is one we want imitated. The rules, each a named dro
 
 The step has the shape of the other pipeline steps (cudagym.dedup.decontaminate.Decontaminate):
 `run(trajectories)` yields the kept ones, `stats` counts `in`, `kept`, `dropped_<reason>`, and an
-optional `rejects(trajectory, reason)` sees every drop. Writing the kept set as a `datasets`
-dataset and the fine-tuning itself are not built yet (docs/train.md).
+optional `rejects(trajectory, reason)` sees every drop. `write_dataset` writes the kept set as a
+`datasets` folder in chat format with tool calls (parquet + a card with the selection's counts),
+which `datasets.load_dataset(folder)` reads. The fine-tuning itself is not built yet (docs/train.md).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from cudagym.train.trajectories import Trajectory
 
@@ -120,3 +125,100 @@ class RFTSelect:
                 continue
             self.stats["kept"] += 1
             yield trajectory
+
+
+# --- the kept set as a `datasets` folder ---------------------------------------------------------
+
+PARQUET_PATH = "data/train-00000-of-00001.parquet"  # the name push_to_hub gives a single shard
+
+
+def _features():
+    import datasets
+
+    tool_call = {"id": datasets.Value("string"), "type": datasets.Value("string"),
+                 "function": {"name": datasets.Value("string"), "arguments": datasets.Value("string")}}
+    message = {"role": datasets.Value("string"), "content": datasets.Value("string"),
+               "tool_calls": datasets.List(tool_call), "tool_call_id": datasets.Value("string")}
+    return datasets.Features({"rollout_id": datasets.Value("string"), "task_id": datasets.Value("string"),
+                              "reward": datasets.Value("float64"), "stop_reason": datasets.Value("string"),
+                              "messages": datasets.List(message)})
+
+
+def to_row(trajectory: Trajectory) -> dict:
+    """One dataset row: the conversation in OpenAI chat format (tool call arguments as JSON text)."""
+    messages = []
+    for m in trajectory.messages:
+        calls = [{"id": c.get("id") or "", "type": c.get("type") or "function",
+                  "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
+                 for c in m.get("tool_calls") or ()]
+        messages.append({"role": m["role"], "content": m.get("content") or "", "tool_calls": calls,
+                         "tool_call_id": m.get("tool_call_id")})
+    return {"rollout_id": trajectory.rollout_id, "task_id": trajectory.task_id, "reward": trajectory.reward,
+            "stop_reason": trajectory.stop_reason, "messages": messages}
+
+
+def render_card(n_rows: int, stats: Counter, config: RFTConfig) -> str:
+    from cudagym.synth.publish import size_category
+
+    counts = "\n".join(f"| {key} | {value} |" for key, value in sorted(stats.items()))
+    settings = "\n".join(f"| {key} | {value} |" for key, value in asdict(config).items())
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: {PARQUET_PATH}
+size_categories:
+- {size_category(n_rows)}
+tags:
+- cudagym
+- rejection-fine-tuning
+- tool-use
+---
+
+# cudagym RFT set: {n_rows} agent rollouts kept for rejection fine-tuning
+
+Rollouts of the cudagym agent environment selected by `cudagym.train.rft.RFTSelect`: reward above
+`min_reward`, a clean ending, no unknown or invalid tool calls, no identical calls repeated in a row.
+Each row is one rollout's conversation in OpenAI chat format (`messages`: role, content,
+`tool_calls` with JSON `arguments`, `tool_call_id`), with its judge reward (-1 wrong, 1 correct,
+2 faster than eager, 3 faster than torch.compile). Train on the assistant turns only.
+
+## Selection
+
+| count | n |
+| --- | --- |
+{counts}
+
+## Settings
+
+| setting | value |
+| --- | --- |
+{settings}
+"""
+
+
+def write_dataset(trajectories: Iterable[Trajectory], folder: str | Path, stats: Counter, config: RFTConfig) -> Path:
+    """Write the kept trajectories as `folder/README.md` + `folder/PARQUET_PATH` (loadable with
+    `datasets.load_dataset(folder)`). The files are written to a sibling temporary folder renamed into
+    place, so a killed run leaves no half folder; an existing `folder` is refused."""
+    import datasets
+
+    folder = Path(folder)
+    if folder.exists():
+        raise FileExistsError(f"{folder} already exists; remove it or choose another folder")
+    rows = [to_row(t) for t in trajectories]
+    dataset = datasets.Dataset.from_list(rows, features=_features())
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        (tmp / PARQUET_PATH).parent.mkdir(parents=True)
+        dataset.to_parquet(str(tmp / PARQUET_PATH))
+        (tmp / "README.md").write_text(render_card(len(rows), stats, config))
+        tmp.chmod(0o755)
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote %s (%d rollouts)", folder, len(rows))
+    return folder

@@ -93,3 +93,32 @@ def test_config_checks():
     with pytest.raises(ValueError):
         RFTConfig(max_identical_calls_in_a_row=0)
     assert dataclasses.is_dataclass(RFTConfig) and RFTConfig.__dataclass_params__.frozen
+
+
+def test_the_kept_set_is_a_loadable_dataset_with_a_card(tmp_path):
+    import datasets
+
+    from cudagym.train.rft import write_dataset
+
+    with_calls = (
+        {"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "verify", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "PASS"},
+        {"role": "assistant", "content": "done"},
+    )
+    step = RFTSelect(RFTConfig(tool_names=TOOLS))
+    kept = list(step.run([_trajectory("a", messages=with_calls), _trajectory("b", reward=2.0), _trajectory("c", reward=-1.0)]))
+    folder = write_dataset(kept, tmp_path / "rft", step.stats, step.config)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        "README.md", "data/train-00000-of-00001.parquet"]
+    loaded = datasets.load_dataset(str(folder), split="train", cache_dir=str(tmp_path / "cache"))
+    assert loaded["rollout_id"] == ["a", "b"] and loaded["reward"] == [3.0, 2.0]
+    messages = loaded[0]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[2]["content"] == "" and messages[2]["tool_calls"][0]["function"] == {"name": "verify", "arguments": "{}"}
+    assert messages[3]["tool_call_id"] == "c1" and messages[4]["tool_calls"] == []
+    card = (folder / "README.md").read_text()
+    assert "| dropped_low_reward | 1 |" in card and "| kept | 2 |" in card and "| min_reward | 1.0 |" in card
+    with pytest.raises(FileExistsError):
+        write_dataset(kept, folder, step.stats, step.config)
