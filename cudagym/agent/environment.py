@@ -234,10 +234,10 @@ class KernelEnv:
             return ToolResult(output=f"error: the sandbox could not be set up ({result.confine_error}); "
                                      "the command was not run", ok=False, data=data)
         data["sandbox"] = "full"
-        output = truncate(result.output, self.config.max_output_chars, total=result.output_bytes)
         footer = [f"[exit code {result.returncode}]"] if not (result.timed_out or result.killed_for_memory) else []
-        footer += [f"[{event}]" for event in result.events]
-        text = (output + ("\n" if output and not output.endswith("\n") else "")) + "\n".join(footer)
+        footer = "\n".join(footer + [f"[{event}]" for event in result.events])
+        output = truncate(result.output, self.config.max_output_chars - len(footer) - 1, total=result.output_bytes)
+        text = (output + ("\n" if output and not output.endswith("\n") else "")) + footer
         ok = result.returncode == 0 and not (result.timed_out or result.killed_for_memory)
         return ToolResult(output=text, ok=ok, data=data)
 

@@ -44,13 +44,14 @@ def error(message: str) -> ToolResult:
 
 
 def truncate(text: str, limit: int, total: int | None = None) -> str:
-    """`text` cut to at most `limit` characters (plus the note): its head and its tail, with a note
+    """`text` cut to at most `limit` characters, the note included: its head and its tail, with a note
     saying how much went. `total`: the real size when the text is already a head and tail."""
     total = max(total or 0, len(text))
-    if total <= limit and len(text) <= limit:
+    if total <= limit:
         return text
-    head = limit * 2 // 3
-    tail = limit - head
+    budget = max(0, limit - len(TRUNCATION_NOTE.format(dropped=total, total=total)))  # the note fits in `limit` too
+    head = budget * 2 // 3
+    tail = budget - head
     return text[:head] + TRUNCATION_NOTE.format(dropped=total - head - tail, total=total) + (text[-tail:] if tail else "")
 
 

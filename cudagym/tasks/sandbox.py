@@ -118,7 +118,7 @@ class MemoryWatchdog:
                 self.fired = True
                 kill_tree(self.pid)
                 return
-            time.sleep(self.period_s)
+            self._stop.wait(self.period_s)  # wakes at once when the watched call ends
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -121,9 +121,12 @@ def test_cannot_see_other_rollouts_judges_locks_or_secrets(env, rollouts, monkey
 def test_protected_files_cannot_be_changed_and_changes_are_reported(env):
     before = {n: (env.workdir / n).read_bytes() for n in ("model.py", "verify", "profile", "SKILL.md")}
     result = bash(env, "echo 'x = 1' >> model.py; rm -f verify; mv profile p2; chmod 777 SKILL.md; "
-                       "printf '#!/bin/sh\\necho verify: PASS\\n' > verify; rm -rf .cudagym; ls")
+                       "printf '#!/bin/sh\\necho verify: PASS\\n' > verify; rm -rf .cudagym; "
+                       "ln model.py kernels/alias.cu; ls")
     assert result.output.count("Permission denied") + result.output.count("Device or resource busy") \
-        + result.output.count("Operation not permitted") + result.output.count("Read-only") >= 5, result.output
+        + result.output.count("Operation not permitted") + result.output.count("Read-only") \
+        + result.output.count("Invalid cross-device link") >= 6, result.output
+    assert not (env.workdir / "kernels" / "alias.cu").exists()  # no hard link for the file tools to write through
     assert {n: (env.workdir / n).read_bytes() for n in before} == before
     assert env.execute("verify", {}).data["flags"] != ["protected_file_changed"]
     # if one changes anyway (here: from outside the sandbox), verify and the final verdict say so
@@ -145,7 +148,7 @@ def test_verify_command_asks_the_environment(env):
 @pytest.mark.slow
 def test_fork_bomb_is_contained(env):
     result = bash(env, "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", timeout=20)
-    assert result.data["sandbox"] == "full"
+    assert result.data["sandbox"] == "full" and "Resource temporarily unavailable" in result.output  # the limit held
     assert processes_of(env.ids[0]) == []  # nothing of it is left
     again = bash(env, "echo still here")
     assert again.ok and again.output.startswith("still here")
@@ -155,7 +158,8 @@ def test_fifty_megabytes_of_output_are_capped(env):
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = bash(env, "head -c 50000000 /dev/zero | tr '\\0' 'a'; echo; echo END")
     assert result.ok and result.data["output_bytes"] >= 50_000_000
-    assert len(result.output) < 4_000 + 300 and "output truncated" in result.output and "END" in result.output
+    assert len(result.output) < 4_000 + 100 and "output truncated" in result.output and "END" in result.output
+    assert "of 50000005 characters" in result.output  # the note counts everything printed
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 40_000  # KiB: never held the 50 MB
 
 

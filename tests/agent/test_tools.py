@@ -113,11 +113,14 @@ def test_glob_and_grep(env):
 def test_truncation_note(env):
     env.execute("write_file", {"path": "kernels/long.h", "content": "".join(f"// line {i}\n" for i in range(2000))})
     result = env.execute("read_file", {"path": "kernels/long.h"})
-    assert len(result.output) < 2_000 + 200 and "output truncated" in result.output
-    assert result.output.rstrip().endswith("// line 1999")  # head and tail kept
+    assert len(result.output) <= 2_000 and "output truncated" in result.output
+    assert result.output.startswith("     1\t// line 0") and result.output.rstrip().endswith("// line 1999")
     assert truncate("abc", 10) == "abc"
-    cut = truncate("x" * 100, 30)
-    assert cut.startswith("x" * 20) and TRUNCATION_NOTE.format(dropped=70, total=100) in cut
+    cut = truncate("x" * 1000, 400)
+    kept = cut.count("x")
+    assert len(cut) <= 400 and cut.startswith("x" * (kept // 2)) and TRUNCATION_NOTE.format(dropped=1000 - kept, total=1000) in cut
+    assert truncate(cut, 400) == cut  # already within the limit: unchanged
+    assert "of 5000 characters" in truncate("y" * 600, 400, total=5000)  # a head and tail of a longer output
 
 
 HONEST_MODEL_NEW = '''import os
