@@ -1,0 +1,90 @@
+"""Sizing a chain to the runtime window (cudagym/synth/scale.py): the search's logic on made-up
+runtimes, and real chains re-composed at the scales it probes (shapes from meta tensors, no timing)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cudagym.synth.crawl import crawl_torch, exec_task, tensor_numels
+from cudagym.synth.scale import REASONS, ScaleSearch, memory_bound, search_scale, size_chain
+
+GPU_WINDOW = (1.0, 100.0)
+
+
+def _probe_counter(runtime):
+    calls = []
+
+    def measure(scale):
+        calls.append(scale)
+        return runtime(scale)
+
+    return measure, calls
+
+
+@pytest.mark.parametrize("runtime", [
+    lambda s: 1e-4 * s ** 3,  # a conv chain: most dims scale
+    lambda s: 2e-3 * s ** 2,  # a norm over a scaled matrix
+    lambda s: 0.02 * s,  # launch-bound, then linear
+    lambda s: 0.05 + 3e-6 * s ** 4,  # a flat start, then steep
+])
+def test_lands_in_the_window_in_few_probes(runtime):
+    measure, calls = _probe_counter(runtime)
+    choice = search_scale(measure, lambda s: True, ScaleSearch(GPU_WINDOW, max_scale=512))
+    assert choice.reason == "in_window", choice
+    assert GPU_WINDOW[0] <= choice.eager_ms <= GPU_WINDOW[1] and choice.eager_ms == runtime(choice.scale)
+    assert len(calls) == len(set(calls)) <= 6  # never the same scale twice
+    assert calls[0] == 16  # the first probe is the start
+
+
+def test_the_memory_bound_caps_the_scale():
+    fits = lambda s: s <= 24  # noqa: E731
+    assert memory_bound(fits, 1, 128) == 24 and memory_bound(lambda s: False, 1, 128) is None
+    measure, calls = _probe_counter(lambda s: 1e-4 * s ** 2)  # 0.06 ms at 24: too fast anywhere that fits
+    choice = search_scale(measure, fits, ScaleSearch(GPU_WINDOW))
+    assert choice.reason == "too_fast" and choice.scale == 24 and max(calls) == 24
+    assert search_scale(measure, lambda s: False, ScaleSearch(GPU_WINDOW)).reason == "no_fit"
+
+
+def test_too_slow_at_the_smallest_scale_and_failures_count_as_too_slow():
+    choice = search_scale(lambda s: 500.0 * s, lambda s: True, ScaleSearch(GPU_WINDOW))
+    assert choice.reason == "too_slow" and 1 in choice.probes
+    # a probe that fails (out of memory, timeout) bounds the search from above
+    runtime = lambda s: None if s > 20 else 0.01 * s ** 2  # noqa: E731 - 4 ms at 20
+    choice = search_scale(runtime, lambda s: True, ScaleSearch(GPU_WINDOW, start=64))
+    assert choice.reason == "in_window" and choice.scale <= 20 and choice.probes[64] is None
+
+
+def test_a_time_that_jumps_over_the_window_is_reported():
+    choice = search_scale(lambda s: 0.2 if s < 9 else 400.0, lambda s: True, ScaleSearch(GPU_WINDOW, max_probes=12))
+    assert choice.reason == "no_scale_in_window" and {8, 9} <= set(choice.probes)
+    assert set(REASONS) >= {"in_window", "too_fast", "too_slow", "no_scale_in_window", "out_of_probes", "no_fit"}
+
+
+def test_config_checks():
+    for bad in [dict(window_ms=(5.0, 1.0)), dict(window_ms=(1.0, 100.0), start=0),
+                dict(window_ms=(1.0, 100.0), max_probes=0), dict(window_ms=(1.0, 100.0), start=256)]:
+        with pytest.raises(ValueError):
+            ScaleSearch(**bad)
+
+
+@pytest.mark.slow  # the torch crawl, when no other test of the process has made it
+def test_size_chain_recomposes_real_seeds_at_the_chosen_scale():
+    """A stand-in measure (elements a forward touches, as ms) so the test does not time anything:
+    the chain is re-composed at each probed scale, and the task returned is the one at the choice."""
+    by_id = {s.id: s for s in crawl_torch()[0]}
+    seeds = [by_id["torch.nn.Conv2d"], by_id["torch.nn.ReLU"]]
+
+    def measure(task) -> float:
+        return sum(tensor_numels(exec_task(task.code))) / 1e6  # "ms": one per million elements
+
+    task, choice = size_chain(seeds, measure, ScaleSearch((10.0, 40.0), max_scale=32, start=2))
+    assert choice.reason == "in_window" and task is not None, choice
+    assert 10.0 <= measure(task) <= 40.0 and measure(task) == choice.eager_ms and len(choice.probes) >= 2
+    assert f"in_channels = {8 * choice.scale}" in task.code  # every dim times the scale
+    assert all(t is None or t > 0 for t in choice.probes.values()) and len(choice.probes) <= 6
+    # the composer's element bound is the memory bound: a window no scale under it reaches
+    task, choice = size_chain(seeds, measure, ScaleSearch((1e6, 2e6), max_scale=512))
+    assert task is None and choice.reason == "too_fast"
+    assert math.isfinite(choice.eager_ms) and choice.scale < 512
