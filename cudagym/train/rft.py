@@ -10,7 +10,7 @@ threshold and its behaviour is one we want imitated. The rules, each a named dro
 - `unfinished`: the loop did not end with a clean stop: stop_reason other than `answer` (max turns,
   context budget, wall time, too many invalid calls, client error), the last model turn cut off by
   the server (finish_reason `length`), or a conversation that does not end on a model message;
-- `unknown_tool`: a call to a tool outside `tool_names` (the environment's tools; the caller passes
+- `unknown_tool`: a call to a tool outside `tool_names` (default: the kernel environment's,
   cudagym.agent.environment.TOOL_NAMES);
 - `invalid_call`: a call the loop could not run (`valid` false: arguments not a JSON object, a broken
   `<tool_call>` block, or an unknown tool when no `tool_names` are given);
@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cudagym.agent.environment import TOOL_NAMES
 from cudagym.train.trajectories import Trajectory
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ DROP_REASONS = ("no_reward", "low_reward", "unfinished", "unknown_tool", "invali
 class RFTConfig:
     min_reward: float = 1.0  # keep reward > min_reward: 2 (faster than eager) and 3 (faster than compile)
     max_identical_calls_in_a_row: int = 1  # 1: a call identical to the one just before is a repeat
-    tool_names: tuple[str, ...] | None = None  # the environment's tools; None: the loop's `valid` only
+    tool_names: tuple[str, ...] | None = TOOL_NAMES  # the kernel environment's tools; None: the loop's `valid` only
 
     def __post_init__(self) -> None:
         if self.max_identical_calls_in_a_row < 1:

@@ -6,10 +6,9 @@ import dataclasses
 
 import pytest
 
+from cudagym.agent.environment import TOOL_NAMES as TOOLS
 from cudagym.train.rft import RFTConfig, RFTSelect, drop_reason, longest_identical_run
 from cudagym.train.trajectories import ToolCallRecord, Trajectory
-
-TOOLS = ("bash", "read_file", "write_file", "edit_file", "glob", "grep", "verify", "profile")
 
 
 def _trajectory(rid="good", reward=3.0, stop_reason="answer", finish_reason="stop", calls=None, messages=None) -> Trajectory:
@@ -54,8 +53,8 @@ def test_cut_off_answers_and_dangling_tool_calls_are_unfinished():
 
 def test_unknown_and_invalid_tool_calls():
     unknown = (ToolCallRecord("nvcc", "{}", valid=False, turn=1),)
-    assert drop_reason(_trajectory(calls=unknown), RFTConfig(tool_names=TOOLS)) == "unknown_tool"
-    assert drop_reason(_trajectory(calls=unknown), RFTConfig()) == "invalid_call"  # no names: the loop's flag
+    assert drop_reason(_trajectory(calls=unknown), RFTConfig()) == "unknown_tool"  # the environment's names by default
+    assert drop_reason(_trajectory(calls=unknown), RFTConfig(tool_names=None)) == "invalid_call"  # no names: the loop's flag
     bad_arguments = (ToolCallRecord("bash", "ls -la", valid=False, turn=1),)
     assert drop_reason(_trajectory(calls=bad_arguments), RFTConfig(tool_names=TOOLS)) == "invalid_call"
     # a tool that ran and failed (a compile error) is a valid call: kept
