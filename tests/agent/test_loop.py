@@ -114,7 +114,7 @@ def test_client_retries_and_classifies_server_failures():
         assert isinstance(reply, Reply) and reply.attempts == 2 and 0.1 <= waits[0] <= 0.2  # backoff with jitter
 
         waits = []
-        reply = _chat(server, "scripted:quick+slow", waits, timeout_s=1.5, backoff_s=0.1)
+        reply = _chat(server, "scripted:quick+slow", waits, timeout_s=3.0, backoff_s=0.1)
         assert isinstance(reply, Reply) and reply.attempts == 2  # the first attempt timed out
 
         waits = []
@@ -147,10 +147,10 @@ LOOP_POLICIES = ["malformed", "invalid", "chatty", "big", "quick+text", "quick+n
 @pytest.mark.slow
 def test_loop_outcomes_in_one_batch(tmp_path):
     tasks = write_task_set(tmp_path / "tasks", LOOP_POLICIES)
-    with ScriptedServer(slow_s=8.0, retry_after_s=0.2) as server:
+    with ScriptedServer(slow_s=15.0, retry_after_s=0.2) as server:
         config = RolloutConfig(tasks=str(tasks), out=str(tmp_path / "out"), model="scripted:task",
                                base_url=server.base_url, device="cpu", parallel=3, max_turns=8, context_tokens=5000,
-                               max_tokens=256, client_timeout_s=3.0, max_retries=2, bash_timeout_s=20)
+                               max_tokens=256, client_timeout_s=6.0, max_retries=2, bash_timeout_s=20)
         lines: list[str] = []
         summary = run_rollouts(config, progress=lines.append)
         bodies = list(server.bodies)
