@@ -562,6 +562,40 @@ def _add_agent_commands(sub) -> None:
     show.set_defaults(func=cmd_agent_show)
 
 
+def cmd_train_rft(args) -> int:
+    from cudagym.agent.rollout import DB_NAME
+    from cudagym.train.rft import RFTConfig, RFTSelect, write_dataset
+    from cudagym.train.trajectories import load_trajectories
+
+    path = Path(args.run)
+    db = path / DB_NAME if path.is_dir() else path
+    if not db.is_file():
+        raise UsageError(f"no trajectory store at {db} (pass a `cudagym agent rollout --out` folder)")
+    if Path(args.out).exists():
+        raise UsageError(f"{args.out} already exists; remove it or pass another --out")
+    config = RFTConfig(min_reward=args.min_reward, max_identical_calls_in_a_row=args.max_identical_calls)
+    step = RFTSelect(config)
+    kept = list(step.run(load_trajectories(db)))
+    write_dataset(kept, args.out, step.stats, config)
+    drops = ", ".join(f"{k.removeprefix('dropped_')} {v}" for k, v in sorted(step.stats.items()) if k.startswith("dropped_"))
+    print(f"kept {step.stats['kept']} of {step.stats['in']} finished rollouts (dropped: {drops or 'none'}); "
+          f"dataset and card in {args.out}")
+    return 0
+
+
+def _add_train_commands(sub) -> None:
+    tr = sub.add_parser("train", help="training on agent trajectories (docs/train.md)"
+                        ).add_subparsers(dest="sub", required=True, parser_class=_Parser)
+    rft = tr.add_parser("rft", help="select rollouts for rejection fine-tuning; write them as a datasets folder + card")
+    rft.add_argument("run", help="a `cudagym agent rollout --out` folder (or its trajectories.duckdb)")
+    rft.add_argument("--out", required=True, help="new folder for the dataset (parquet + README.md)")
+    rft.add_argument("--min-reward", type=float, default=1.0,
+                     help="keep rollouts with a reward above this (default 1: faster than eager or compile)")
+    rft.add_argument("--max-identical-calls", type=int, default=1,
+                     help="identical tool calls allowed in a row before a rollout counts as stuck (default 1)")
+    rft.set_defaults(func=cmd_train_rft)
+
+
 # -- parser -----------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 1 (argparse's default is usage text and exit 2)
@@ -739,6 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=4200, help="with --start-server: its port (default 4200)")
     sv.set_defaults(func=cmd_serve)
     _add_agent_commands(sub)
+    _add_train_commands(sub)
     return parser
 
 

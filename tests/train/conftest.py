@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,78 @@ def toy_batch():
     rewards[[0, 2], 5] = 1.0
     rewards[[1, 3], 5] = -1.0
     return PPOBatch(input_ids, attention_mask, response_mask, rewards)
+
+
+# --- a trajectory store written by the real agent loop --------------------------------------------
+# The environment is a small one (tools that answer at once): what the store fixture serves is the
+# training side's reading of what the loop records, not the kernel environment; the reward is
+# written as the judge would.
+
+TINY_TOOLS = ("bash", "read_file", "verify")
+
+
+@dataclass
+class Result:
+    output: str
+    ok: bool = True
+    data: dict | None = None
+    elapsed_s: float = 0.0
+    build_s: float = 0.0
+
+
+class TinyEnv:
+    """Answers read_file, bash and verify at once (verify returns a verdict-like dict)."""
+
+    def tool_schemas(self) -> list[dict]:
+        return [{"type": "function", "function": {"name": name, "description": name,
+                                                  "parameters": {"type": "object", "properties": {}}}} for name in TINY_TOOLS]
+
+    def system_prompt(self) -> str:
+        return "You write kernels."
+
+    def task_prompt(self) -> str:
+        return "Make model.py faster."
+
+    def execute(self, name: str, arguments: dict) -> Result:
+        if name == "verify":
+            return Result("PASS", data={"status": "passed", "correct": True})
+        return Result(f"{name} {arguments}")
+
+
+ROLLOUTS = {  # rollout id -> (scripted policy, reward the judge gave)
+    "quick": ("quick", 3),
+    "quick_text": ("quick+text", 2),
+    "slow_kernel": ("quick", 1),
+    "chatty": ("chatty", 3),
+    "malformed": ("malformed", 3),
+}
+
+
+@pytest.fixture(scope="session")
+def store_path(tmp_path_factory):
+    """A trajectory store with five rollouts of the real agent loop (scripted policies, TinyEnv): ~10 s."""
+    from cudagym.agent.client import ChatClient, ClientConfig, Sampling
+    from cudagym.agent.loop import Agent, LoopConfig
+    from cudagym.agent.scripted import ScriptedServer
+    from cudagym.agent.store import RolloutRecorder, TrajectoryStore
+
+    path = tmp_path_factory.mktemp("agent") / "trajectories.duckdb"
+
+    async def run_all(base_url: str) -> None:
+        with TrajectoryStore(path) as store:
+            for rid, (policy, reward) in ROLLOUTS.items():
+                client = ChatClient(ClientConfig(model=f"scripted:{policy}", base_url=base_url, max_retries=0))
+                store.begin({"rollout_id": rid, "task_id": f"L1/{rid}", "model": policy})
+                agent = Agent(TinyEnv(), client, Sampling(max_tokens=256), LoopConfig(max_turns=6),
+                              RolloutRecorder(store, rid))
+                result = await agent.run()
+                store.finish(rid, status="finished", stop_reason=result.stop_reason, detail=result.detail,
+                             turns=result.turns, prompt_tokens=result.prompt_tokens,
+                             completion_tokens=result.completion_tokens, verdict={"reward": reward},
+                             candidate_code=None, wall_s=0.0)
+
+    with ScriptedServer(delay_s=0.0) as server:
+        asyncio.run(run_all(server.base_url))
+    return path
+
+

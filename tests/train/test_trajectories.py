@@ -1,94 +1,26 @@
-"""Agent rollouts -> the trajectory store -> training records -> RFT selection.
+"""Agent rollouts -> the trajectory store -> training records -> RFT selection -> token samples.
 
-Real parts: the agent loop (cudagym.agent.loop.Agent) and its openai client against the in-process
-scripted OpenAI-compatible server, writing a real DuckDB trajectory store through the store's
-recorder; training reads the file back with `load_trajectories`. The environment is a small one
-defined here (tools that answer at once), since what is under test is the training side's reading
-of what the loop records, not the kernel environment; the reward is written as the judge would.
+The store (fixture `store_path`, tests/train/conftest.py) is written by the real agent loop and its
+openai client against the in-process scripted OpenAI-compatible server; training reads it back.
 """
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
-
 import pytest
 
-from cudagym.agent.client import ChatClient, ClientConfig, Sampling
-from cudagym.agent.loop import Agent, LoopConfig
-from cudagym.agent.scripted import ScriptedServer
-from cudagym.agent.store import RolloutRecorder, TrajectoryStore
+from cudagym.agent.store import TrajectoryStore
 from cudagym.train.data import tokenize_trajectory
 from cudagym.train.rft import RFTConfig, RFTSelect
 from cudagym.train.trajectories import load_trajectories
 
 pytestmark = pytest.mark.slow  # ~15 s: twenty requests to the scripted server through the openai client
 
-TOOLS = ("bash", "read_file", "verify")
-
-
-@dataclass
-class Result:
-    output: str
-    ok: bool = True
-    data: dict | None = None
-    elapsed_s: float = 0.0
-    build_s: float = 0.0
-
-
-class TinyEnv:
-    """Answers read_file, bash and verify at once (verify returns a verdict-like dict)."""
-
-    def tool_schemas(self) -> list[dict]:
-        return [{"type": "function", "function": {"name": name, "description": name,
-                                                  "parameters": {"type": "object", "properties": {}}}} for name in TOOLS]
-
-    def system_prompt(self) -> str:
-        return "You write kernels."
-
-    def task_prompt(self) -> str:
-        return "Make model.py faster."
-
-    def execute(self, name: str, arguments: dict) -> Result:
-        if name == "verify":
-            return Result("PASS", data={"status": "passed", "correct": True})
-        return Result(f"{name} {arguments}")
-
-
-ROLLOUTS = {  # rollout id -> (scripted policy, reward the judge gave)
-    "quick": ("quick", 3),
-    "quick_text": ("quick+text", 2),
-    "slow_kernel": ("quick", 1),
-    "chatty": ("chatty", 3),
-    "malformed": ("malformed", 3),
-}
-
-
-@pytest.fixture(scope="module")
-def store_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("agent") / "trajectories.duckdb"
-
-    async def run_all(base_url: str) -> None:
-        with TrajectoryStore(path) as store:
-            for rid, (policy, reward) in ROLLOUTS.items():
-                client = ChatClient(ClientConfig(model=f"scripted:{policy}", base_url=base_url, max_retries=0))
-                store.begin({"rollout_id": rid, "task_id": f"L1/{rid}", "model": policy})
-                agent = Agent(TinyEnv(), client, Sampling(max_tokens=256), LoopConfig(max_turns=6),
-                              RolloutRecorder(store, rid))
-                result = await agent.run()
-                store.finish(rid, status="finished", stop_reason=result.stop_reason, detail=result.detail,
-                             turns=result.turns, prompt_tokens=result.prompt_tokens,
-                             completion_tokens=result.completion_tokens, verdict={"reward": reward},
-                             candidate_code=None, wall_s=0.0)
-
-    with ScriptedServer(delay_s=0.0) as server:
-        asyncio.run(run_all(server.base_url))
-    return path
+TOOLS = ("bash", "read_file", "verify")  # the tools of the fixture's environment
 
 
 def test_load_trajectories_reads_what_the_loop_recorded(store_path):
     trajectories = {t.rollout_id: t for t in load_trajectories(store_path)}
-    assert set(trajectories) == set(ROLLOUTS)
+    assert set(trajectories) == {"quick", "quick_text", "slow_kernel", "chatty", "malformed"}
     quick = trajectories["quick"]
     assert (quick.reward, quick.stop_reason, quick.finish_reason, quick.task_id) == (3.0, "answer", "stop", "L1/quick")
     roles = [m["role"] for m in quick.messages]
