@@ -132,8 +132,14 @@ class KernelEnv:
     def final_verdict(self) -> Verdict:
         """The judge's full check and timing of the workdir's current model_new.py and kernels/."""
         with self._judge_lock:
-            verdict = self._protected_verdict() or self._judge(timed=True)[0]
-        return verdict
+            rejected = self._protected_verdict()
+            if rejected:
+                return rejected
+            try:
+                return self._judge(timed=True)[0]
+            except WorkdirError as e:  # no model_new.py, or too much to send: nothing to score
+                return Verdict(status=Status.COMPILE_ERROR, reason=str(e), timing_mode=self.config.timing_mode,
+                               precision=self.config.precision, **task_meta(self.task)).finish()
 
     def close(self) -> None:
         """Kill anything still running from the workdir and stop the command socket."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,10 +276,3 @@ def verify(env: "KernelEnv", args: dict) -> ToolResult:
       "torch.compile, and the reward it would earn. Same as ./profile.", {})
 def profile(env: "KernelEnv", args: dict) -> ToolResult:
     return env.judge(timed=True)
-
-
-def timed(fn: Callable[[], ToolResult]) -> ToolResult:
-    t0 = time.perf_counter()
-    result = fn()
-    result.elapsed_s = time.perf_counter() - t0
-    return result

@@ -48,6 +48,14 @@ def test_bad_calls_never_raise(env):
     assert env.execute("glob", '{"pattern": "*.py"}').ok  # the model's raw JSON string
 
 
+def test_nothing_to_judge(env):
+    (env.workdir / "model_new.py").unlink()
+    result = env.execute("verify", {})
+    assert not result.ok and "model_new.py is missing" in result.output
+    verdict = env.final_verdict()
+    assert verdict.status is Status.COMPILE_ERROR and verdict.reward == -1 and "missing" in verdict.reason
+
+
 def test_read_file(env):
     out = env.execute("read_file", {"path": "model.py", "offset": 2, "limit": 3}).output
     assert out.splitlines()[0].strip().startswith("2\t") and len(out.splitlines()) == 4 and "more lines" in out
