@@ -111,8 +111,10 @@ def create_workdir(task: Task, workdir: Path, uid: int, gid: int) -> dict[str, s
         (workdir / name).mkdir()
     (workdir / CONTROL_DIR).mkdir()
     # The agent's shell runs as uid: it owns its files and the folder; root keeps the protected ones.
+    # (Without root there is no shell to give them to: it fails closed, see cudagym.tasks.sandbox.)
     for path in [workdir, workdir / "model_new.py"] + [workdir / n for n in (KERNELS_DIR, BUILD_DIR, TMP_DIR)]:
-        os.chown(path, uid, gid)
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid)
     for name in PROTECTED:
         (workdir / name).chmod(0o555 if name in ("verify", "profile") else 0o444)
     (workdir / CONTROL_DIR).chmod(0o755)
@@ -190,7 +192,7 @@ def chown_new(workdir: Path, path: Path, uid: int, gid: int) -> None:
     """Give a file the environment wrote (and the folders it made) to the shell's uid, so the agent's
     shell can change what its file tools wrote."""
     root = workdir.resolve()
-    while path != root and str(path).startswith(str(root) + os.sep):
+    while os.geteuid() == 0 and path != root and str(path).startswith(str(root) + os.sep):
         try:
             os.chown(path, uid, gid, follow_symlinks=False)
         except OSError:

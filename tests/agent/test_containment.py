@@ -23,8 +23,9 @@ from cudagym.tasks.sandbox import CONFINE_FAILED, CONFINE_PREFIX, Confinement, r
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the confined shell needs root (it fails closed otherwise: "
-                                                          "test_fails_closed_without_root covers that)")
+# The confined shell needs root (to drop to its own uid after locking the mounts); without root it
+# fails closed, which test_fails_closed checks as either user.
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the confined shell needs root; without it, see test_fails_closed")
 
 
 @pytest.fixture
@@ -58,6 +59,7 @@ def bash(env, command: str, timeout: float | None = None):
     return env.execute("bash", {"command": command, **({"timeout": timeout} if timeout else {})})
 
 
+@needs_root
 def test_runs_as_an_unprivileged_user_who_cannot_remount(env):
     result = bash(env, "id -u; grep CapEff /proc/self/status; mount -o remount,rw / && echo REMOUNTED; "
                        "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
@@ -71,6 +73,7 @@ def test_runs_as_an_unprivileged_user_who_cannot_remount(env):
     assert "Read-only file system" in result.output and f"pwd={env.workdir}" in result.output
 
 
+@needs_root
 def test_no_network(env):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -84,6 +87,7 @@ def test_no_network(env):
     server.close()
 
 
+@needs_root
 def test_writes_only_inside_the_workdir(env, rollouts):
     home = Path.home()
     targets = [Path(tempfile.gettempdir()) / "cudagym-escape", REPO / "cudagym-escape", home / "cudagym-escape",
@@ -95,6 +99,7 @@ def test_writes_only_inside_the_workdir(env, rollouts):
     assert not any(t.exists() for t in targets)
 
 
+@needs_root
 def test_cannot_see_other_rollouts_judges_locks_or_secrets(env, rollouts, monkeypatch):
     other = KernelEnv(env.task, rollouts / "wd-b", env.config)
     try:
@@ -118,6 +123,7 @@ def test_cannot_see_other_rollouts_judges_locks_or_secrets(env, rollouts, monkey
         other.close()
 
 
+@needs_root
 def test_protected_files_cannot_be_changed_and_changes_are_reported(env):
     before = {n: (env.workdir / n).read_bytes() for n in ("model.py", "verify", "profile", "SKILL.md")}
     result = bash(env, "echo 'x = 1' >> model.py; rm -f verify; mv profile p2; chmod 777 SKILL.md; "
@@ -138,6 +144,7 @@ def test_protected_files_cannot_be_changed_and_changes_are_reported(env):
     assert verdict.status is Status.REJECTED and "protected_file_changed" in verdict.flags and verdict.reward == -1
 
 
+@needs_root
 def test_verify_command_asks_the_environment(env):
     result = bash(env, "./verify; echo status=$?")
     assert "verify: REJECTED: static checks fired: torch_compute_in_forward" in result.output  # the starter
@@ -145,6 +152,7 @@ def test_verify_command_asks_the_environment(env):
     assert env.judge_calls[-1]["tool"] == "verify"
 
 
+@needs_root
 @pytest.mark.slow
 def test_fork_bomb_is_contained(env):
     result = bash(env, "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", timeout=20)
@@ -154,6 +162,7 @@ def test_fork_bomb_is_contained(env):
     assert again.ok and again.output.startswith("still here")
 
 
+@needs_root
 def test_fifty_megabytes_of_output_are_capped(env):
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = bash(env, "head -c 50000000 /dev/zero | tr '\\0' 'a'; echo; echo END")
@@ -163,6 +172,7 @@ def test_fifty_megabytes_of_output_are_capped(env):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 40_000  # KiB: never held the 50 MB
 
 
+@needs_root
 def test_hang_is_killed_with_its_group(env):
     result = bash(env, "(trap '' TERM HUP; setsid sleep 1000) & (trap '' TERM; sleep 1000) & echo started; sleep 1000",
                   timeout=3)
@@ -171,11 +181,13 @@ def test_hang_is_killed_with_its_group(env):
     assert processes_of(env.ids[0]) == []
 
 
+@needs_root
 def test_background_children_end_with_the_call(env):
     bash(env, "nohup sleep 1000 > /dev/null 2>&1 & disown; echo left")
     assert processes_of(env.ids[0]) == []
 
 
+@needs_root
 def test_memory_limit_kills_the_tree(env):
     result = bash(env, "python3 -c 'import time; b = bytearray(700 * 2**20); time.sleep(30)'", timeout=40)
     assert not result.ok and result.data["killed_for_memory"] and "memory passed 512 MiB" in result.output
@@ -189,6 +201,10 @@ def test_fails_closed(tmp_path):
     bad = Confinement(workdir="/proc/version/wd")  # cannot be made
     result = run_confined(["touch", str(marker)], bad, {"PATH": "/usr/bin:/bin"}, 30, 2**30)
     assert result.returncode == CONFINE_FAILED and result.confine_error and not marker.exists()
+    if os.geteuid() != 0:
+        result = run_confined(["touch", str(marker)], Confinement(workdir=str(tmp_path / "wd")),
+                              {"PATH": "/usr/bin:/bin"}, 30, 2**30)
+        assert "confinement needs root" in result.confine_error and not marker.exists()
     if os.geteuid() == 0 and Path("/usr/bin/setpriv").exists() and Path("/usr/bin/python3").exists():
         launcher = Path(sys.modules[Confinement.__module__].__file__)
         spec = json.dumps({**Confinement(workdir=str(tmp_path)).__dict__, "writable": [], "read_only": [],
@@ -200,6 +216,7 @@ def test_fails_closed(tmp_path):
         assert not marker.exists()
 
 
+@needs_root
 def test_concurrent_shells_of_two_rollouts(env, rollouts):
     other = KernelEnv(env.task, rollouts / "wd-b", env.config)
     try:

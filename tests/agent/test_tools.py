@@ -69,7 +69,8 @@ def test_write_and_edit(env):
     w = env.execute("write_file", {"path": "kernels/deep/k.cu", "content": "int a = 1;\nint b = 1;\n"})
     assert w.ok and "created" in w.output
     path = env.workdir / "kernels" / "deep" / "k.cu"
-    assert path.stat().st_uid == env.ids[0] and path.parent.stat().st_uid == env.ids[0]  # the shell can change it
+    if os.geteuid() == 0:  # the shell can change it
+        assert path.stat().st_uid == env.ids[0] and path.parent.stat().st_uid == env.ids[0]
     assert env.execute("edit_file", {"path": "kernels/deep/k.cu", "old": "a = 1", "new": "a = 2"}).ok
     assert path.read_text() == "int a = 2;\nint b = 1;\n"
     absent = env.execute("edit_file", {"path": "kernels/deep/k.cu", "old": "c = 3", "new": "x"})
