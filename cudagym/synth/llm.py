@@ -449,6 +449,7 @@ class LLMClient:
         self.stopped: tuple[str, str] | None = None  # (ComposeStopped reason, one-line message) once the build must stop
         self._failures = 0  # attempts in a row that got no HTTP answer
         self._checked = not config.health_check
+        self._check_lock = threading.Lock()
 
     def _stop(self, reason: str, message: str) -> None:
         with self._lock:
@@ -498,10 +499,10 @@ class LLMClient:
         """The Reject that stops an attempt before it is sent (stopped, breaker, cap), else None (and
         the attempt is counted)."""
         if not self._checked:
-            with self._lock:
-                first, self._checked = not self._checked, True
-            if first:
-                self.check_endpoint()
+            with self._check_lock:  # the other workers wait for the one check instead of hammering a dead URL
+                if not self._checked:
+                    self.check_endpoint()
+                    self._checked = True
         if self.stop.is_set():
             return Reject("llm_stopped", "interrupted")
         if self.stopped is not None:

@@ -614,7 +614,8 @@ def test_build_fails_fast_on_a_dead_or_wrong_endpoint(server, tmp_path, capsys, 
     url = base.format(dead=_free_port(), server=root, noauth=f"{root}/noauth")
     out = tmp_path / "build"
     start = time.monotonic()
-    assert main(_build_argv(out, url, f"good/{next(_ids)}")) == 3
+    model = f"good/{next(_ids)}"
+    assert main(_build_argv(out, url, model, "--concurrency", "4")) == 3
     assert time.monotonic() - start < 120  # not 825 s of silence: one health check, no request after it
     err = capsys.readouterr().err
     (line,) = _error_lines(err)
@@ -622,6 +623,7 @@ def test_build_fails_fast_on_a_dead_or_wrong_endpoint(server, tmp_path, capsys, 
     funnel = _funnel(out)
     assert funnel["status"] == "stopped" and funnel["stopped"] == "endpoint_unreachable" and words in funnel["note"]
     assert "0 rows kept" in funnel["note"] and not (out / "dataset").exists()
+    assert server.fake.count(model) <= 1  # the 404 case's one-token probe; the 4 workers waited for the check
     assert funnel["versions"]["transformers"] and funnel["versions"]["python"]
     with duckdb_store(out) as db:  # the round is not marked finished
         assert db.execute("SELECT count(*) FROM compose_rounds").fetchone()[0] == 0
