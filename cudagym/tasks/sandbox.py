@@ -12,40 +12,23 @@ on GPU boxes that have nothing but torch.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import resource
 import signal
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-# Pseudo file systems stay as they are: /dev holds the GPU device nodes, /dev/shm backs shared tensors.
-KEEP_WRITABLE = ("/proc", "/sys", "/dev")
-
-
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    return libc
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
+from cudagym.tasks.confine import (CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER, CONFINE_FAILED, CONFINE_PREFIX,  # noqa: F401
+                                   KEEP_WRITABLE, MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, check_rc, load_libc)
 
 def _enter_namespaces(libc) -> None:
     if os.geteuid() == 0:
-        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare")
+        check_rc(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare")
         return
     # Unprivileged: a user namespace grants the mount/net capabilities inside it only.
     uid, gid = os.getuid(), os.getgid()
-    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET), "unshare(user)")
+    check_rc(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET), "unshare(user)")
     Path("/proc/self/setgroups").write_text("deny")
     Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
     Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
@@ -57,14 +40,14 @@ def isolate(workdir: str | Path, writable: list[str | Path] = ()) -> str:
     Returns "full" on success or "partial: <why>"; the caller records it in the verdict's env so a
     run on a machine without namespaces is visible as such, instead of failing outright.
     """
-    libc = _libc()
+    libc = load_libc()
     keep = [str(Path(p).resolve()) for p in [workdir, *writable] if p]
     try:
         _enter_namespaces(libc)
-        _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+        check_rc(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         for path in keep:
             Path(path).mkdir(parents=True, exist_ok=True)
-            _check(libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}")
+            check_rc(libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}")
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
         for mount in mounts:
             mount = mount.replace("\\040", " ")
@@ -179,7 +162,7 @@ def describe_exit(returncode: int) -> str:
 # -- confined commands (an agent's shell) ------------------------------------------------------------
 # `isolate()` above protects the judge from a candidate it imports. An agent's shell needs more: it
 # must not read other rollouts' workdirs or the judge's temporary files either, and a root shell in
-# a mount namespace could simply remount / read-write. So `run_confined` starts this file as a small
+# a mount namespace could simply remount / read-write. So `run_confined` starts `confine.py` as a small
 # launcher that, as root: enters new mount, network, pid, IPC and UTS namespaces; covers `hidden`
 # paths with empty read-only tmpfs mounts and binds the workdir (and build dirs) back; makes every
 # other mount read-only and the protected files read-only bind mounts; then forks the command as
@@ -190,13 +173,6 @@ def describe_exit(returncode: int) -> str:
 # timeout or memory kill of the launcher's process group ends the whole tree.
 # Anything that cannot be set up ends the launcher with CONFINE_FAILED before the command runs:
 # it fails closed, never runs unconfined.
-
-CLONE_NEWPID, CLONE_NEWIPC, CLONE_NEWUTS = 0x20000000, 0x08000000, 0x04000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-CONFINE_FAILED = 125  # the launcher's exit status when confinement could not be set up
-CONFINE_PREFIX = "cudagym-sandbox: "
-
 
 @dataclass(frozen=True)
 class Confinement:
@@ -245,9 +221,11 @@ def run_confined(argv: list[str], confinement: Confinement, env: dict[str, str],
     import subprocess
     import sys
 
+    from cudagym.tasks import confine
+
     spec = json.dumps(asdict(confinement))
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), "confine", spec, "--", *argv],
+    proc = subprocess.Popen([sys.executable, "-I", "-S", confine.__file__, spec, "--", *argv],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     if started:
@@ -320,98 +298,3 @@ def end_processes_of(uid: int, wait_s: float = 10.0) -> list[int]:
             except OSError:
                 pass
         time.sleep(0.05)
-
-
-def _confine_and_exec(spec: dict, argv: list[str]) -> None:
-    """The launcher (module docstring above `Confinement`): set up, fork pid 1, wait, pass its status on."""
-    libc = _libc()
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    if os.geteuid() != 0:
-        # An unprivileged launcher would need a user namespace for the mounts, and one entered after
-        # them to lock them; not built: fail closed rather than run with less than promised.
-        raise OSError(1, "confinement needs root (to lock the mounts and then drop to an unprivileged uid)")
-    workdir = os.path.realpath(spec["workdir"])
-    keep = [workdir] + [os.path.realpath(p) for p in spec["writable"]]
-    for path in keep:
-        os.makedirs(path, exist_ok=True)
-    shown = [p for p in dict.fromkeys(os.path.realpath(p) for p in spec["visible"]) if os.path.isdir(p)]
-    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-    _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    # Handles on the kept directories before anything is covered: they are bound back from these.
-    handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep + shown}
-    hidden = sorted({os.path.realpath(p) for p in spec["hidden"] if os.path.isdir(p)}, key=len)
-    covered: list[str] = []
-    for path in hidden:
-        if path == "/" or any(k == path or path.startswith(k + "/") for k in keep):
-            continue  # never cover the root or what must stay visible; a cover above a kept dir is fine
-        if any(path.startswith(c + "/") for c in covered):
-            continue  # already out of sight under a cover higher up
-        covered.append(path)
-        _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=755"), f"hide {path}")
-    for path, handle in handles.items():
-        os.makedirs(path, exist_ok=True)  # inside a cover, the mount point is made anew
-        _check(libc.mount(f"/proc/self/fd/{handle}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}")
-        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (MS_RDONLY if path not in keep else 0)
-        _check(libc.mount(None, path.encode(), None, flags, None), f"remount {path}")
-        os.close(handle)
-    for path in spec["read_only"]:
-        path = os.path.realpath(path)
-        if os.path.lexists(path):
-            _check(libc.mount(path.encode(), path.encode(), None, MS_BIND, None), f"bind {path}")
-    if os.path.isdir("/dev/shm"):
-        _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
-                          f"size={spec['shm_bytes']},mode=1777".encode()), "private /dev/shm")
-    for mount, _ in _mounts():
-        if mount not in keep and not mount.startswith(KEEP_WRITABLE):
-            libc.mount(None, mount.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
-    # Checked, not assumed: a mount that refused to become read-only ends the launch.
-    for mount, options in _mounts():
-        if mount not in keep and not mount.startswith(KEEP_WRITABLE) and "ro" not in options:
-            raise OSError(1, f"{mount} stayed writable")
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _become_command(libc, spec, workdir, argv)
-        except BaseException as e:  # noqa: BLE001  (report and end; never run the command half set up)
-            os.write(2, f"{CONFINE_PREFIX}{e}\n".encode())
-        os._exit(CONFINE_FAILED)
-    _, status = os.waitpid(pid, 0)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
-
-
-def _mounts() -> list[tuple[str, set[str]]]:
-    """(mount point, options) of every mount this process sees."""
-    out = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields_ = line.split()
-        out.append((fields_[1].replace("\\040", " "), set(fields_[3].split(","))))
-    return out
-
-
-def _become_command(libc, spec: dict, workdir: str, argv: list[str]) -> None:
-    """pid 1 of the new pid namespace: a fresh /proc, no privileges, limits, then the command."""
-    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
-    os.setgroups([])
-    os.setresgid(spec["gid"], spec["gid"], spec["gid"])
-    os.setresuid(spec["uid"], spec["uid"], spec["uid"])
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    if os.geteuid() == 0 or os.getegid() == 0:
-        raise OSError(1, "still root after dropping privileges")
-    resource.setrlimit(resource.RLIMIT_NPROC, (spec["max_processes"], spec["max_processes"]))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (spec["max_file_bytes"], spec["max_file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    os.chdir(workdir)
-    os.execvpe(argv[0], argv, os.environ)
-
-
-if __name__ == "__main__":  # the launcher: python -I -S sandbox.py confine SPEC -- ARGV...
-    import json
-    import sys
-
-    try:
-        _confine_and_exec(json.loads(sys.argv[2]), sys.argv[sys.argv.index("--") + 1:])
-    except BaseException as e:  # noqa: BLE001
-        sys.stderr.write(f"{CONFINE_PREFIX}{e}\n")
-        sys.stderr.flush()
-    os._exit(CONFINE_FAILED)

@@ -8,7 +8,6 @@ import os
 import resource
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -206,11 +205,13 @@ def test_fails_closed(tmp_path):
                               {"PATH": "/usr/bin:/bin"}, 30, 2**30)
         assert "confinement needs root" in result.confine_error and not marker.exists()
     if os.geteuid() == 0 and Path("/usr/bin/setpriv").exists() and Path("/usr/bin/python3").exists():
-        launcher = Path(sys.modules[Confinement.__module__].__file__)
+        from cudagym.tasks import confine
+
+        launcher = Path(confine.__file__)
         spec = json.dumps({**Confinement(workdir=str(tmp_path)).__dict__, "writable": [], "read_only": [],
                            "hidden": [], "visible": []})
         proc = subprocess.run(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                               "/usr/bin/python3", "-I", "-S", str(launcher), "confine", spec, "--", "touch", str(marker)],
+                               "/usr/bin/python3", "-I", "-S", str(launcher), spec, "--", "touch", str(marker)],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == CONFINE_FAILED and proc.stderr.startswith(CONFINE_PREFIX + "[Errno 1] confinement needs root")
         assert not marker.exists()
