@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 TRUNCATION_NOTE = "\n[cudagym: output truncated: {dropped} of {total} characters cut from the middle]\n"
 MAX_LISTED = 500  # glob paths / grep lines listed at most
 MAX_GREP_FILE_BYTES = 2 * 2**20  # bigger files are not searched
+MAX_TEXT_FILE_BYTES = 8 * 2**20  # read_file / edit_file refuse bigger files (the environment's memory)
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict}
 
 
@@ -136,6 +137,9 @@ def read_file(env: "KernelEnv", args: dict) -> ToolResult:
     offset, limit = args.get("offset", 1), args.get("limit", 2000)
     if offset < 1 or limit < 1:
         return error("offset and limit must be at least 1")
+    too_big = _too_big(path, args["path"])
+    if too_big:
+        return too_big
     lines = path.read_text(errors="replace").splitlines()
     shown = lines[offset - 1:offset - 1 + limit]
     text = "".join(f"{offset + i:6d}\t{line}\n" for i, line in enumerate(shown))
@@ -146,6 +150,14 @@ def read_file(env: "KernelEnv", args: dict) -> ToolResult:
     elif not shown:
         text = f"(the file has {len(lines)} lines; offset {offset} is past its end)\n"
     return ToolResult(output=text)
+
+
+def _too_big(path: Path, given: str) -> ToolResult | None:
+    size = path.stat().st_size
+    if size > MAX_TEXT_FILE_BYTES:
+        return error(f"{given} has {size >> 20} MiB, more than the file tools take ({MAX_TEXT_FILE_BYTES >> 20} MiB): "
+                     "look at it with bash (head, sed -n, grep)")
+    return None
 
 
 def _writable(env: "KernelEnv", given: str) -> Path:
@@ -183,6 +195,9 @@ def edit_file(env: "KernelEnv", args: dict) -> ToolResult:
     old, new = args["old"], args["new"]
     if not old:
         return error("old is empty: give the exact text to replace")
+    too_big = _too_big(path, args["path"])
+    if too_big:
+        return too_big
     text = path.read_text(errors="replace")
     count = text.count(old)
     if count == 0:

@@ -169,8 +169,11 @@ def candidate_sources(workdir: Path) -> tuple[str, dict[str, str], list[str]]:
     main = root / "model_new.py"
     if main.is_symlink() or not main.is_file():
         raise WorkdirError("model_new.py is missing (write it with write_file)")
+    size = main.stat().st_size
+    if size > MAX_CANDIDATE_BYTES:
+        raise WorkdirError(f"model_new.py has {size >> 10} KiB; at most {MAX_CANDIDATE_BYTES >> 10} KiB go to the judge")
     code = main.read_text(errors="replace")
-    files, left_out, size = {}, [], len(code)
+    files, left_out = {}, []
     for dirpath, dirnames, filenames in os.walk(root / KERNELS_DIR):
         dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
         for name in sorted(filenames):
@@ -181,10 +184,11 @@ def candidate_sources(workdir: Path) -> tuple[str, dict[str, str], list[str]]:
             elif not name.endswith(CANDIDATE_FILE_SUFFIXES):
                 left_out.append(f"{rel} (not a C++/CUDA source or header)")
             else:
+                size += path.stat().st_size  # counted before reading: a huge file is never read
+                if size > MAX_CANDIDATE_BYTES:
+                    raise WorkdirError(f"model_new.py and kernels/ hold more than {MAX_CANDIDATE_BYTES >> 10} KiB; "
+                                       "that much does not go to the judge")
                 files[rel] = path.read_text(errors="replace")
-                size += len(files[rel])
-    if size > MAX_CANDIDATE_BYTES:
-        raise WorkdirError(f"model_new.py and kernels/ hold {size >> 10} KiB; at most {MAX_CANDIDATE_BYTES >> 10} KiB go to the judge")
     return code, files, left_out
 
 

@@ -63,6 +63,12 @@ def test_read_file(env):
     assert "no such file" in env.execute("read_file", {"path": "missing.cu"}).output
     assert "not a file" in env.execute("read_file", {"path": "kernels"}).output
     assert "at least 1" in env.execute("read_file", {"path": "model.py", "limit": 0}).output
+    with open(env.workdir / "kernels" / "huge.h", "wb") as f:  # sparse: 9 GiB on paper, no disk
+        f.truncate(9 * 2**30)
+    for name, args in [("read_file", {"path": "kernels/huge.h"}), ("edit_file", {"path": "kernels/huge.h", "old": "a", "new": "b"})]:
+        result = env.execute(name, args)
+        assert not result.ok and "more than the file tools take" in result.output
+    assert not env.execute("verify", {}).ok  # not read into memory for the judge either
 
 
 def test_write_and_edit(env):

@@ -88,7 +88,7 @@ def test_candidate_sources_sends_cpp_files_only(made):
     assert sorted(files) == ["kernels/k.cu", "kernels/sub/h.h"]
     assert any("helper.py" in x for x in left_out) and any("link.cpp" in x for x in left_out)
     (workdir / "kernels" / "big.cu").write_text("x" * (3 * 2**20))
-    with pytest.raises(WorkdirError, match="KiB"):
+    with pytest.raises(WorkdirError, match="more than 2048 KiB"):
         candidate_sources(workdir)
     (workdir / "model_new.py").unlink()
     with pytest.raises(WorkdirError, match="missing"):
