@@ -50,6 +50,16 @@ def test_build_writes_dataset_card_and_funnel(built):
     assert loaded.num_rows == TARGET
     card = (out / "dataset" / "README.md").read_text()
     assert "cudagym dataset build" in card and "| filter |" in card.replace("`", "")
+    # what the composed code and shapes depend on, in the card and the funnel
+    import platform
+
+    import torch
+    import transformers
+
+    assert funnel["versions"] == {"cudagym": funnel["versions"]["cudagym"], "torch": torch.__version__,
+                                  "transformers": transformers.__version__, "python": platform.python_version()}
+    assert f"torch {torch.__version__}, transformers {transformers.__version__}, python" in card
+    assert funnel["status"] == "complete" and "note" not in funnel
 
 
 def test_funnel_adds_up_stage_by_stage(built):
