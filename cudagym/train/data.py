@@ -15,10 +15,13 @@ own, so no token straddles a model/environment boundary. A template that rewrite
 (one that drops past reasoning, say) breaks the "one message longer" prefix property and is refused
 with a TemplateError rather than producing a wrong mask.
 
-Tool calls: a template that renders `tool_calls` gets them as they are; for one that does not
-(SmolLM2's, for example) the conversation is first put in the agent loop's text tool format
-(cudagym.agent.loop, Hermes style): calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-blocks in the assistant's content, tool outputs as `<tool_response>` blocks in one user message.
+Tool calls: a template that renders `tool_calls` gets them as they are (and `tools`, the schemas, for
+its system prompt); for one that does not (SmolLM2's, for example) the conversation is first put in
+the agent loop's text tool format (cudagym.agent.loop, Hermes style): calls as
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks in the assistant's content, tool
+outputs as `<tool_response>` blocks in one user message, and, when `tools` are given and the system
+message has no `<tools>` block yet, the loop's text-mode tool prompt appended to it, so that the
+sample reads as if the rollout had been run in text mode.
 
 This is a re-tokenisation of text: the ids the server sampled may differ at a few boundaries (verl's
 agent loop avoids that by keeping the sampled ids, token-in / token-out). The episode's reward goes on
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cudagym.agent.loop import TEXT_TOOLS_PROMPT
 from cudagym.train.ppo import PPOBatch
 from cudagym.train.trajectories import Trajectory
 
@@ -55,9 +59,14 @@ def template_renders_tool_calls(tokenizer) -> bool:
     return "tool_calls" in (getattr(tokenizer, "chat_template", None) or "")
 
 
-def to_text_tool_format(messages: list[dict]) -> list[dict]:
-    """Native tool calls and tool messages as the agent loop's text format (Hermes / Qwen style)."""
+def to_text_tool_format(messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
+    """Native tool calls and tool messages as the agent loop's text format (Hermes / Qwen style);
+    with `tools`, the loop's text-mode tool prompt goes into a system message that has none."""
     out: list[dict] = []
+    if tools and messages and messages[0].get("role") == "system" and "<tools>" not in (messages[0].get("content") or ""):
+        listing = "\n".join(json.dumps(t["function"]) for t in tools)
+        messages = [{**messages[0], "content": (messages[0].get("content") or "") + TEXT_TOOLS_PROMPT.format(tools=listing)},
+                    *messages[1:]]
     responses: list[str] = []
     for message in messages:
         if message.get("role") == "tool":
@@ -90,12 +99,13 @@ def _clean(messages: list[dict]) -> list[dict]:
 
 def tokenize_trajectory(trajectory: Trajectory, tokenizer, tools: list[dict] | None = None,
                         end_of_turn: str | None = None) -> Sample:
-    """One trajectory -> a Sample in `tokenizer`'s chat template (module docstring for the method)."""
+    """One trajectory -> a Sample in `tokenizer`'s chat template (module docstring for the method).
+    `tools`: the OpenAI tool schemas the rollout was offered (KernelEnv.tool_schemas())."""
     if trajectory.reward is None:
         raise ValueError(f"{trajectory.rollout_id}: trajectory has no reward")
     messages = list(trajectory.messages)
     if not template_renders_tool_calls(tokenizer):
-        messages = to_text_tool_format(messages)
+        messages, tools = to_text_tool_format(messages, tools), None
     messages = _clean(messages)
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None:

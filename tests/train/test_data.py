@@ -151,3 +151,23 @@ def test_the_cached_tokenizer_is_the_same(tokenizer, smollm2_cache_dir):
     assert cached.chat_template == tokenizer.chat_template and cached.eos_token == tokenizer.eos_token == "<|im_end|>"
     conversation = tokenizer.apply_chat_template(list(MESSAGES[:2]), tokenize=False, add_generation_prompt=True)
     assert cached(conversation)["input_ids"] == tokenizer(conversation)["input_ids"]
+
+
+def test_tool_schemas_go_into_the_system_prompt_as_in_text_mode(tokenizer):
+    import json
+
+    from cudagym.agent.loop import TEXT_TOOLS_PROMPT
+
+    tools = [{"type": "function", "function": {"name": "verify", "description": "check it",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    sample = tokenize_trajectory(_trajectory(), tokenizer, tools=tools)
+    expected_system = "You write CUDA kernels." + TEXT_TOOLS_PROMPT.format(tools=json.dumps(tools[0]["function"]))
+    prompt = tokenizer.decode(list(sample.prompt_ids))
+    assert prompt.startswith(f"<|im_start|>system\n{expected_system}<|im_end|>\n")
+    # the response is the same with or without the schemas: only the prompt changes
+    plain = tokenize_trajectory(_trajectory(), tokenizer)
+    assert (sample.response_ids, sample.response_mask) == (plain.response_ids, plain.response_mask)
+    # a text-mode rollout already carries its <tools> block: not added twice
+    text_mode = (dict(MESSAGES[0], content=expected_system), *MESSAGES[1:])
+    again = tokenize_trajectory(_trajectory(text_mode), tokenizer, tools=tools)
+    assert tokenizer.decode(list(again.prompt_ids)).count("<tools>") == 1
