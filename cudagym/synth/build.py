@@ -154,6 +154,20 @@ class BuildStore:
             raise TaskError(f"this build folder was made with other settings ({', '.join(diff)}); "
                             "use another --out or the same settings")
 
+    def check_versions(self, current: dict) -> str | None:
+        """Record the versions of the build's first run; a line saying what differs on a later run.
+        Composing depends on them (the crawl's seeds, meta-kernel shape inference): stored candidates
+        keep their code, new rounds may compose differently."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'versions'").fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES ('versions', ?)", [json.dumps(current, sort_keys=True)])
+            return None
+        first = json.loads(row[0])
+        diff = [f"{k} {first.get(k)} -> {current.get(k)}" for k in sorted(set(first) | set(current))
+                if k != "cudagym" and first.get(k) != current.get(k)]
+        return (f"this build was started with other versions ({', '.join(diff)}): new rounds may compose "
+                "differently (the candidates stored keep their code)") if diff else None
+
     # candidates
     def candidates(self) -> list[tuple[int, Task]]:
         rows = self.db.execute("SELECT seq, id, name, code, provenance FROM candidates ORDER BY seq").fetchall()
@@ -241,6 +255,8 @@ def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: i
     stats["kept"] -= len(tasks) - added
     for key, value in getattr(step, "composer_stats", {}).items():
         stats[f"llm_{key}"] = value
+    for key, value in versions().items():  # what this round's shapes and seeds came from
+        stats[f"version_{key}"] = value
     store.add_round(round_, stats, [dataclasses.asdict(r) for r in step.rejects])
     return added
 
@@ -351,7 +367,7 @@ def compose_funnel(store: BuildStore) -> dict:
     """The compose entry of the funnel, summed over rounds."""
     stats = Counter()
     for info in store.rounds().values():
-        stats.update({k: v for k, v in info["stats"].items() if not k.startswith(("k", "llm_")) or k == "kept"})
+        stats.update({k: v for k, v in info["stats"].items() if not k.startswith(("k", "llm_", "version_")) or k == "kept"})
     dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
     return {"stage": "compose", "in": stats["in"], "kept": stats["kept"], "dropped": dropped}
 
@@ -438,6 +454,9 @@ def build_dataset(config: BuildConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with BuildStore(out / "build.duckdb") as store:
         store.check_identity(config.identity())
+        changed = store.check_versions(versions())
+        if changed:
+            _say(f"cudagym: warning: {changed}")
         seeds, crawl = crawl_stage(config)
         labelled, stages, stopped = [], [compose_funnel(store)], None
         try:

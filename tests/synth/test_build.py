@@ -193,3 +193,18 @@ def test_task_set_of_a_build_loads_for_eval(built):
     out, _ = built
     tasks = load_task_set(next((out / "dataset" / "data").glob("*.parquet")))
     assert len(tasks) == TARGET and all(dataclasses.asdict(t)["level"] in (1, 2) for t in tasks)
+
+
+def test_a_rerun_under_other_versions_says_so(tmp_path):
+    """Composing depends on torch (meta-kernel shapes, the crawl's seeds): the store keeps the first
+    run's versions, and a run under others gets one line naming them."""
+    from cudagym.synth.build import versions
+
+    current = versions()
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        assert store.check_versions(current) is None
+        assert store.check_versions(current) is None  # same versions: nothing to say
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        line = store.check_versions({**current, "torch": "2.11.0+cu130", "cudagym": "9.9"})
+    assert line.startswith("this build was started with other versions (torch ") and "-> 2.11.0+cu130" in line
+    assert "cudagym" not in line  # our own version changes with every commit; it is recorded, not compared

@@ -678,6 +678,9 @@ def test_zero_rows_write_the_funnel_and_say_why(server, tmp_path, capsys):
     assert funnel["status"] == "short" and "stopped" not in funnel
     assert funnel["note"] == f"0 rows kept: compose kept 0 of {compose['in']} (llm_no_code {compose['in']}); no dataset written"
     assert _funnel(out) == funnel and not (out / "dataset").exists()
+    with duckdb_store(out) as db:  # each round records the versions it composed under
+        (stats,) = db.execute("SELECT stats FROM compose_rounds").fetchone()
+    assert json.loads(stats)["version_torch"] == funnel["versions"]["torch"]
     # the CLI: the same line, no publish error; the call cap stops the build before its rounds run out
     out = tmp_path / "cli"
     assert main(_build_argv(out, server.base_url, f"no-code/{next(_ids)}", "--max-llm-calls", "4")) == 3
