@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import importlib
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect import task as ptask
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 from prefect.tasks import exponential_backoff
@@ -46,7 +47,27 @@ def import_rollout():
 @ptask(cache_policy=NO_CACHE, name="run rollouts", retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=30),
        retry_jitter_factor=0.5)
 def run_batch(config) -> dict:
-    return import_rollout().run_rollouts(config)
+    progress = RolloutProgress(create_progress_artifact(0.0, key=artifacts.ROLLOUT_PROGRESS_KEY,
+                                                       description="rollouts of this batch finished"))
+    return import_rollout().run_rollouts(config, progress=progress)
+
+
+class RolloutProgress:
+    """`run_rollouts`' progress lines, logged, and counted into the progress artifact: its first line
+    says how many rollouts are to run (`artifacts.rollouts_to_run`), then one line per finished one."""
+
+    def __init__(self, artifact_id):
+        self.artifact_id, self.total, self.done = artifact_id, None, 0
+        self.logger = get_run_logger()
+
+    def __call__(self, line: str) -> None:
+        self.logger.info(line)
+        if self.total is None:
+            self.total = artifacts.rollouts_to_run(line)
+            return
+        self.done += 1
+        if self.total:
+            update_progress_artifact(self.artifact_id, min(100.0, 100.0 * self.done / self.total))
 
 
 @flow(name="agent_rollouts", log_prints=True)

@@ -7,6 +7,8 @@ version under the same key, so the UI's Artifacts page shows the latest and its 
 
 from __future__ import annotations
 
+import re
+
 DATASET_FUNNEL_KEY = "dataset-funnel"
 DATASET_K_KEY = "dataset-k-distribution"
 LEADERBOARD_KEY = "leaderboard-metrics"
@@ -65,13 +67,24 @@ def reward_rows(summary: dict) -> list[dict]:
     return [{"reward": k, "rollouts": n, "share": _round(n / total) if total else None} for k, n in sorted(counts.items())]
 
 
+def rollouts_to_run(line: str) -> int | None:
+    """How many rollouts a batch will run, from `run_rollouts`' first progress line
+    ("N rollouts (...): F finished before, T to run, ..."); None if the line does not say."""
+    match = re.search(r"(\d+) to run", line)
+    return int(match.group(1)) if match else None
+
+
 def rollout_markdown(summary: dict) -> str:
-    """The batch in a few lines: counts, mean reward, where the trajectories and submission are."""
+    """The batch in a few lines: counts, mean reward, why rollouts stopped, where the results are."""
     mean = summary.get("mean_reward")
-    lines = [f"**{summary.get('finished', 0)} of {summary.get('rollouts', 0)}** rollouts finished;"
-             f" mean reward {'-' if mean is None else f'{mean:.3g}'}.", "",
+    lines = [f"**{summary.get('finished', 0)} of {summary.get('rollouts', 0)}** rollouts finished"
+             f" ({summary.get('failed', 0)} failed); mean reward {'-' if mean is None else f'{mean:.3g}'}.", "",
              "| reward | rollouts |", "|---|---|"]
     lines += [f"| {r['reward']} | {r['rollouts']} |" for r in reward_rows(summary)]
+    stops = summary.get("stop_reasons") or {}
+    if stops:
+        lines += ["", "| stopped because | rollouts |", "|---|---|"]
+        lines += [f"| {reason} | {n} |" for reason, n in sorted(stops.items(), key=lambda kv: -kv[1])]
     lines += ["", f"trajectories: `{summary.get('db', '')}`, submission: `{summary.get('submission', '')}`"]
     return "\n".join(lines)
 

@@ -81,7 +81,8 @@ DEPLOYMENTS = {d.name: d for d in (
                " artifact: kernelbench-audit.", cron="0 4 * * 6"),
     Deployment("agent_rollouts", "cudagym.flows.agent_rollouts:agent_rollouts",
                "A batch of agent rollouts (cudagym.agent.rollout); artifacts: rollout-rewards, rollout-summary."),
-    Deployment("train", "cudagym.flows.train:train", "Training (not available yet: a run fails with one line)."),
+    Deployment("train", "cudagym.flows.train:train", "Training (not available yet: a run fails with one line).",
+               gpu=False),  # runs nothing yet
 )}
 
 
@@ -206,6 +207,7 @@ class LocalServer:
         self.ui_url = f"http://127.0.0.1:{port}"
         env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", **(extra_env or {}))
         env.pop("PREFECT_API_URL", None)
+        env["PREFECT_UI_API_URL"] = self.url  # the UI's pages call the API here (default: port 4200)
         if home is not None:
             Path(home).mkdir(parents=True, exist_ok=True)
             env["PREFECT_HOME"] = str(home)

@@ -47,11 +47,15 @@ def test_audit_table_and_summary():
 
 
 def test_reward_distribution_of_a_rollout_summary():
-    summary = {"rollouts": 5, "finished": 4, "rewards": {"3": 1, "-1": 3, "1": 1}, "mean_reward": -0.2,
-               "submission": "out/submission", "db": "out/trajectories.duckdb"}
+    summary = {"rollouts": 5, "finished": 4, "failed": 1, "rewards": {"3": 1, "-1": 3, "1": 1}, "mean_reward": -0.2,
+               "stop_reasons": {"answered": 4, "max_turns": 1}, "submission": "out/submission",
+               "db": "out/trajectories.duckdb"}
     assert artifacts.reward_rows(summary) == [{"reward": -1, "rollouts": 3, "share": 0.6},
                                               {"reward": 1, "rollouts": 1, "share": 0.2},
                                               {"reward": 3, "rollouts": 1, "share": 0.2}]
     text = artifacts.rollout_markdown(summary)
-    assert "**4 of 5**" in text and "| -1 | 3 |" in text and "mean reward -0.2" in text
+    assert "**4 of 5**" in text and "(1 failed)" in text and "| -1 | 3 |" in text and "mean reward -0.2" in text
+    assert "| max_turns | 1 |" in text
+    assert artifacts.rollouts_to_run("6 rollouts (3 tasks x 2 samples): 2 finished before, 4 to run, 2 at once") == 4
+    assert artifacts.rollouts_to_run("something else") is None
     assert artifacts.reward_rows({"rewards": {}}) == []
