@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -118,6 +119,27 @@ def check_cron(expr: str, name: str) -> None:
                          " e.g. '0 2 * * *')") from None
 
 
+def check_parameters(name: str, values: dict) -> None:
+    """The deployment's parameter defaults with `values` over them, checked against the flow's typed
+    signature as a run's would be: names, then types (one line for the first problem)."""
+    from prefect.exceptions import ParameterTypeError
+
+    flow = DEPLOYMENTS[name].load_flow()
+    known = inspect.signature(flow.fn).parameters
+    for key in values:
+        if key not in known:
+            raise ServeError(f"{name} has no parameter {key!r} (it has {', '.join(known)})")
+    flow_logger = logging.getLogger("prefect.flows")  # it logs the failure too; ours is the one line
+    level, flow_logger.level = flow_logger.level, logging.CRITICAL
+    try:
+        flow.validate_parameters({**DEPLOYMENTS[name].parameters, **values})
+    except ParameterTypeError as e:
+        problems = [line.strip(" -") for line in str(e).splitlines()[1:] if line.strip()]
+        raise ServeError(f"{name}: bad parameter value: {'; '.join(problems) or str(e).splitlines()[0]}") from None
+    finally:
+        flow_logger.setLevel(level)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """What `cudagym serve` registers: the deployments, schedule overrides (cron or interval per
@@ -146,10 +168,7 @@ class ServeConfig:
             if not seconds > 0:
                 raise ServeError(f"interval for {name} must be a positive number of seconds, got {seconds}")
         for name, values in self.parameters.items():
-            known = inspect.signature(DEPLOYMENTS[name].load_flow().fn).parameters
-            for key in values:
-                if key not in known:
-                    raise ServeError(f"{name} has no parameter {key!r} (it has {', '.join(known)})")
+            check_parameters(name, values)
         if not 0 < self.port < 65536:
             raise ServeError(f"port must be 1-65535, got {self.port}")
 

@@ -23,6 +23,8 @@ from cudagym.flows.serve import DEPLOYMENTS, ServeConfig, parse_parameter
     (["--deployments", "audit", "--cron", "train=0 1 * * *"], "train is not among the deployments to serve"),
     (["--param", "refresh_leaderboard.folder=x"], "refresh_leaderboard has no parameter 'folder'"),
     (["--param", "refresh_leaderboard=x"], "--param must look like NAME.KEY=VALUE"),
+    (["--param", "refresh_leaderboard.n_checks=many"],
+     "refresh_leaderboard: bad parameter value: n_checks: Input should be a valid integer"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     assert main(["serve", *argv]) == 1
@@ -39,6 +41,16 @@ def test_config_defaults_and_parameters():
     assert ServeConfig().schedule("refresh_leaderboard") == {"cron": "0 2 * * *"}  # nightly
     assert parse_parameter("audit.ids=[1, 2]") == ("audit", "ids", [1, 2])
     assert parse_parameter("audit.db=out/x.duckdb") == ("audit", "db", "out/x.duckdb")
+
+
+def test_default_parameters_are_valid_runs_of_each_flow():
+    """What a run started from the UI with the defaults gets: every flow accepts it, typed."""
+    from cudagym.synth.build import BuildConfig
+
+    for name, spec in DEPLOYMENTS.items():
+        params = spec.load_flow().validate_parameters(dict(spec.parameters))
+        if name == "build_dataset":
+            assert isinstance(params["config"], BuildConfig) and params["config"].out == "out/build"
 
 
 def _serve_subprocess(env_api_url: str | None, tmp_path) -> subprocess.CompletedProcess:
