@@ -191,10 +191,10 @@ def fit_context(messages: list[dict], output_indices: list[int], budget_tokens: 
     until estimate(messages) <= budget_tokens. Shortened indices go into `shortened`. True if it fits."""
     candidates = output_indices[:max(0, len(output_indices) - keep_recent)]
     for index in candidates:
+        if index in shortened:  # before estimating: a long rollout has many
+            continue
         if estimate(messages) <= budget_tokens:
             return True
-        if index in shortened:
-            continue
         messages[index] = {**messages[index], "content": shorten(messages[index]["content"], keep_chars)}
         shortened.add(index)
     return estimate(messages) <= budget_tokens
