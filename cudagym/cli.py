@@ -583,6 +583,33 @@ def cmd_train_rft(args) -> int:
     return 0
 
 
+def cmd_train_value(args) -> int:
+    from cudagym.agent.rollout import DB_NAME
+    from cudagym.train.ppo import PPOConfig
+    from cudagym.train.value import ValuePretrainConfig, value_stage
+
+    path = Path(args.run)
+    db = path / DB_NAME if path.is_dir() else path
+    if not db.is_file():
+        raise UsageError(f"no trajectory store at {db} (pass a `cudagym agent rollout --out` folder)")
+    if not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"--model {args.model} is not a transformers checkpoint folder (no config.json)")
+    ppo = PPOConfig(critic_lr=args.lr, lam=args.lam, batch_size=args.mini_batch, mini_batch_size=args.mini_batch,
+                    micro_batch_size=args.micro_batch)
+    config = ValuePretrainConfig(max_steps=args.max_steps, patience=args.patience, min_delta=args.min_delta)
+
+    def on_step(row: dict) -> None:
+        print(f"step {row['step']}: explained variance {_fmt(row['explained_variance'])}, value loss {_fmt(row['vf_loss'])}",
+              file=sys.stderr, flush=True)
+
+    summary = value_stage(db, args.model, args.out, ppo, config, on_step=on_step)
+    print(json.dumps(summary) if args.json else
+          f"critic pretrained on {summary['rollouts']} rollouts in {summary['steps']} steps ({summary['stopped']}): "
+          f"explained variance {_fmt(summary['explained_variance'])} (best {_fmt(summary['best_explained_variance'])}); "
+          f"critic in {summary['critic']}, curve in {summary['curve']}")
+    return 0
+
+
 def _add_train_commands(sub) -> None:
     tr = sub.add_parser("train", help="training on agent trajectories (docs/train.md)"
                         ).add_subparsers(dest="sub", required=True, parser_class=_Parser)
@@ -594,6 +621,20 @@ def _add_train_commands(sub) -> None:
     rft.add_argument("--max-identical-calls", type=int, default=1,
                      help="identical tool calls allowed in a row before a rollout counts as stuck (default 1)")
     rft.set_defaults(func=cmd_train_rft)
+    val = tr.add_parser("value", help="value pretraining: a critic for --model fitted to the GAE returns of a run's rollouts")
+    val.add_argument("run", help="a `cudagym agent rollout --out` folder (or its trajectories.duckdb)")
+    val.add_argument("--model", required=True, help="transformers checkpoint folder of the actor (with its tokenizer)")
+    val.add_argument("--out", required=True, help="folder for critic/ and value_curve.json")
+    val.add_argument("--lr", type=float, default=6e-6, help="critic learning rate (default 6e-6, the paper's)")
+    val.add_argument("--lam", type=float, default=0.95,
+                     help="GAE lambda of the targets (default 0.95, the paper's; 1: Monte Carlo returns)")
+    val.add_argument("--max-steps", type=int, default=200, help="epochs over the rollouts at most (default 200)")
+    val.add_argument("--patience", type=int, default=5, help="stop after this many steps without a gain (default 5)")
+    val.add_argument("--min-delta", type=float, default=0.01, help="explained-variance gain that counts (default 0.01)")
+    val.add_argument("--mini-batch", type=int, default=256, help="rollouts per optimizer step (default 256)")
+    val.add_argument("--micro-batch", type=int, default=1, help="rollouts per forward pass (default 1)")
+    val.add_argument("--json", action="store_true", help="print the summary as JSON")
+    val.set_defaults(func=cmd_train_value)
 
 
 # -- parser -----------------------------------------------------------------------------------------

@@ -9,9 +9,12 @@ zero so that a fresh critic predicts 0 everywhere until value pretraining fits i
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from torch import nn
+
+HEAD_FILE = "value_head.pt"
 
 
 class ValueModel(nn.Module):
@@ -33,3 +36,22 @@ class ValueModel(nn.Module):
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+    def save(self, folder: str | Path) -> Path:
+        """The backbone as a transformers checkpoint (save_pretrained) plus `value_head.pt`."""
+        folder = Path(folder)
+        self.backbone.save_pretrained(folder)
+        torch.save(self.head.state_dict(), folder / HEAD_FILE)
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> ValueModel:
+        from transformers import AutoModel
+
+        folder = Path(folder)
+        if not (folder / HEAD_FILE).is_file():
+            raise FileNotFoundError(f"{folder} is not a saved critic (no {HEAD_FILE})")
+        backbone = AutoModel.from_pretrained(folder)
+        critic = cls(backbone, backbone.config.hidden_size)
+        critic.head.load_state_dict(torch.load(folder / HEAD_FILE, weights_only=True))
+        return critic

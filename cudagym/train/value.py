@@ -8,13 +8,20 @@ values, the GAE returns they imply (gamma, lambda of PPOConfig) and one epoch of
 shuffled mini-batches (ppo.critic_step: the clipped value loss PPO itself uses), until the explained
 variance of the values against the returns stops improving (`patience` steps without a gain of
 `min_delta`) or `max_steps`. The curve is returned so that the stage can record it.
+
+`value_stage` is the stage `cudagym train value` runs: every judged rollout of an agent store
+(the critic must learn bad outcomes as well as good ones), tokenized with the model's chat template,
+a critic built from the model's decoder, pretrained, saved with its curve.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -67,3 +74,43 @@ def pretrain_value(critic: torch.nn.Module, batch: PPOBatch, optimizer: torch.op
         if row["stopped"]:
             break
     return curve
+
+
+def value_stage(db: str | Path, model_dir: str | Path, out: str | Path, ppo: PPOConfig = PPOConfig(),
+                config: ValuePretrainConfig = ValuePretrainConfig(), seed: int = 0,
+                on_step: Callable[[dict], None] | None = None) -> dict:
+    """Pretrain a critic for the causal LM in `model_dir` on the judged rollouts of the store `db`;
+    write OUT/critic/ (ValueModel.save) and OUT/value_curve.json; return a summary."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cudagym.train.critic import ValueModel
+    from cudagym.train.data import collate, tokenize_trajectory
+    from cudagym.train.trajectories import load_trajectories
+
+    trajectories = [t for t in load_trajectories(db) if t.reward is not None]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    samples, skipped = [], Counter()
+    for trajectory in trajectories:
+        try:
+            samples.append(tokenize_trajectory(trajectory, tokenizer))
+        except ValueError as e:  # no model turn, or a template that cannot be masked (TemplateError)
+            skipped[type(e).__name__] += 1
+    if not samples:
+        raise ValueError(f"no judged rollout with a model turn in {db}")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batch = collate(samples, pad_id)
+    critic = ValueModel.from_policy(AutoModelForCausalLM.from_pretrained(model_dir))
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
+    curve = pretrain_value(critic, batch, optimizer, ppo, config, generator=torch.Generator().manual_seed(seed),
+                           on_step=on_step)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    critic.save(out / "critic")
+    summary = {"rollouts": len(samples), "skipped": dict(skipped), "response_tokens": int(batch.response_mask.sum()),
+               "steps": len(curve), "explained_variance": curve[-1]["explained_variance"],
+               "best_explained_variance": max((r["explained_variance"] for r in curve if not math.isnan(r["explained_variance"])),
+                                              default=math.nan),
+               "stopped": curve[-1]["stopped"], "critic": str(out / "critic"), "curve": str(out / "value_curve.json")}
+    (out / "value_curve.json").write_text(json.dumps({"summary": summary, "ppo": asdict(ppo), "config": asdict(config),
+                                                      "model": str(model_dir), "db": str(db), "curve": curve}, indent=1))
+    return summary

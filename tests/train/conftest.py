@@ -105,7 +105,7 @@ class TinyEnv:
 ROLLOUTS = {  # rollout id -> (scripted policy, reward the judge gave)
     "quick": ("quick", 3),
     "quick_text": ("quick+text", 2),
-    "slow_kernel": ("quick", 1),
+    "slow_kernel": ("honest", 1),  # answers at once: "I have no kernel for this task."
     "chatty": ("chatty", 3),
     "malformed": ("malformed", 3),
 }
