@@ -21,6 +21,7 @@ from cudagym.flows import artifacts
 from cudagym.flows.devices import device_slot
 from cudagym.synth import build
 from cudagym.synth.build import BuildConfig, BuildStore
+from cudagym.synth.compose import ComposeStopped
 
 # No task result caching: every stage reads the build's store, which changes between calls.
 
@@ -34,10 +35,22 @@ def crawl(config: BuildConfig) -> dict:
     return build.crawl_stage(config)[1]
 
 
+def _retry_unless_stopped(task, task_run, state) -> bool:
+    """A composer that stopped the build (endpoint down, --max-llm-calls spent) is not retried: a retry
+    would spend the call cap again, or wait out a dead endpoint twice more."""
+    try:
+        state.result()
+    except ComposeStopped:
+        return False
+    except Exception:  # noqa: BLE001 - anything else may be passing
+        return True
+    return True
+
+
 # LLM endpoints drop connections and rate-limit: a failed compose is retried with backoff (what it
 # stored before failing stays; the retry composes what is still missing).
 @ptask(cache_policy=NO_CACHE, name="compose", retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=30),
-       retry_jitter_factor=0.5)
+       retry_jitter_factor=0.5, retry_condition_fn=_retry_unless_stopped)
 def compose(config: BuildConfig, n_tasks: int) -> int:
     seeds, _ = build.crawl_stage(config)  # cached per process: the seed list never leaves this task
     with _store(config) as store:
@@ -58,10 +71,10 @@ def filter_batch(config: BuildConfig, missing: int) -> int:
 
 
 @ptask(cache_policy=NO_CACHE, name="publish")
-def publish(config: BuildConfig, crawl_entry: dict) -> dict:
+def publish(config: BuildConfig, crawl_entry: dict, stopped: tuple[str, str] | None = None) -> dict:
     with _store(config) as store:
         labelled, stages = build.select(store, config)
-        return build.publish_stage(config, build.dataset_rows(store, labelled), [crawl_entry] + stages)
+        return build.publish_stage(config, build.dataset_rows(store, labelled), [crawl_entry] + stages, stopped)
 
 
 @ptask(cache_policy=NO_CACHE, name="push to the Hub", retries=3,
@@ -80,9 +93,13 @@ def build_dataset(config: BuildConfig, hub_repo: str | None = None) -> dict:
     with _store(config) as store:
         store.check_identity(config.identity())
     crawl_entry = crawl(config)
+    stopped = None
     with device_slot(config.device):  # the filter runs candidates on the device
-        _build_rounds(config, logger)
-    funnel = publish(config, crawl_entry)
+        try:
+            _build_rounds(config, logger)
+        except ComposeStopped as e:  # the funnel is still written: it says why
+            stopped = (e.reason, "; ".join(filter(None, [str(e), e.progress])))
+    funnel = publish(config, crawl_entry, stopped)
     create_table_artifact(key=artifacts.DATASET_FUNNEL_KEY, table=[
         {"stage": s["stage"], "in": s["in"], "kept": s["kept"],
          "dropped": ", ".join(f"{k} {v}" for k, v in s["dropped"].items())} for s in funnel["stages"]],

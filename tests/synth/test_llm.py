@@ -111,6 +111,7 @@ class FakeLLM:
         self.answered: dict[str, list[str]] = defaultdict(list)  # prompts whose reply was sent in full
         self.total = 0
         self.die_after: int | None = None  # the server stops listening after this many requests
+        self.not_found = 0  # requests to a path the server does not serve (a wrong base URL)
 
     def count(self, model: str) -> int:
         with self.lock:
@@ -187,14 +188,19 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": "any", "object": "model", "owned_by": "test"}]})
         else:
-            self._send(404, {"error": {"message": "not found"}})
+            self._not_found()
+
+    def _not_found(self) -> None:
+        with self.server.fake.lock:
+            self.server.fake.not_found += 1
+        self._send(404, {"error": {"message": "not found"}})
 
     def do_POST(self) -> None:
         if self.path.startswith("/noauth/"):
             self._send(401, {"error": {"message": "invalid api key", "type": "invalid_request_error"}})
             return
         if self.path != "/v1/chat/completions":
-            self._send(404, {"error": {"message": "not found"}})
+            self._not_found()
             return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         fake = self.server.fake
@@ -747,3 +753,22 @@ def test_ctrl_c_stops_within_seconds_and_loses_no_answer(server, tmp_path, kerne
                             "--max-llm-calls", "1")) == 3
     asked_again = [body["messages"][-1]["content"] for body in server.fake.requests[model][before:]]
     assert len(asked_again) == 1 and not set(asked_again) & cached
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_prefect_flow_writes_the_funnel_and_does_not_retry_a_stopped_compose(server, tmp_path, capsys,
+                                                                                    prefect_harness):
+    """The flow's compose task retries flaky failures, but not a stop: a retry would spend the call
+    cap again or wait out a dead endpoint twice more."""
+    from cudagym.cli import main
+
+    out, model = tmp_path / "build", f"good/{next(_ids)}"
+    wrong = server.base_url.removesuffix("/v1") + "/wrong/v1"  # 404 on /models: one one-token probe per check
+    before = server.fake.not_found
+    assert main(_build_argv(out, wrong, model, "--prefect")) == 3
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "HTTP 404" in line
+    assert server.fake.not_found - before == 2  # GET /models and the probe, once: the task was not retried
+    funnel = _funnel(out)
+    assert funnel["stopped"] == "endpoint_unreachable" and funnel["status"] == "stopped"
