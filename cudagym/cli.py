@@ -562,15 +562,21 @@ def _add_agent_commands(sub) -> None:
     show.set_defaults(func=cmd_agent_show)
 
 
-def cmd_train_rft(args) -> int:
+def _trajectory_store(run: str) -> Path:
+    """The store of a `cudagym agent rollout --out` folder, or the file itself."""
     from cudagym.agent.rollout import DB_NAME
+
+    db = Path(run) / DB_NAME if Path(run).is_dir() else Path(run)
+    if not db.is_file():
+        raise UsageError(f"no trajectory store at {db} (pass a `cudagym agent rollout --out` folder)")
+    return db
+
+
+def cmd_train_rft(args) -> int:
     from cudagym.train.rft import RFTConfig, RFTSelect, write_dataset
     from cudagym.train.trajectories import load_trajectories
 
-    path = Path(args.run)
-    db = path / DB_NAME if path.is_dir() else path
-    if not db.is_file():
-        raise UsageError(f"no trajectory store at {db} (pass a `cudagym agent rollout --out` folder)")
+    db = _trajectory_store(args.run)
     if Path(args.out).exists():
         raise UsageError(f"{args.out} already exists; remove it or pass another --out")
     config = RFTConfig(min_reward=args.min_reward, max_identical_calls_in_a_row=args.max_identical_calls)
@@ -584,14 +590,10 @@ def cmd_train_rft(args) -> int:
 
 
 def cmd_train_value(args) -> int:
-    from cudagym.agent.rollout import DB_NAME
     from cudagym.train.ppo import PPOConfig
     from cudagym.train.value import ValuePretrainConfig, value_stage
 
-    path = Path(args.run)
-    db = path / DB_NAME if path.is_dir() else path
-    if not db.is_file():
-        raise UsageError(f"no trajectory store at {db} (pass a `cudagym agent rollout --out` folder)")
+    db = _trajectory_store(args.run)
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model} is not a transformers checkpoint folder (no config.json)")
     ppo = PPOConfig(critic_lr=args.lr, lam=args.lam, batch_size=args.mini_batch, mini_batch_size=args.mini_batch,
