@@ -1,4 +1,4 @@
-"""Multi-turn PPO with a critic, on one screen: pure tensor functions, then one `update()` epoch.
+"""Multi-turn PPO with a critic, on one screen: pure tensor functions, then `update()`.
 
 Read top to bottom like cleanrl's ppo.py, but every piece is an importable function so that tests
 can check it against hand-computed numbers (tests/train/test_ppo.py). Shapes: B sequences, R response
@@ -6,8 +6,10 @@ tokens. A response is the whole multi-turn episode after the prompt: model turns
 interleaved with tool outputs and environment messages (response_mask 0), as verl's agent loops
 produce it. The reward of an episode sits on its last model token (cudagym.train.data).
 
-What we match in verl (verl/trainer/ppo/core_algos.py, 0.8/0.9; its multi-turn tool agent loop,
-verl/experimental/agent_loop/tool_agent_loop.py, the one the search/fetch-tool examples run):
+What we match in verl (read at commit b178a3c, 0.8.0.dev: verl/trainer/ppo/core_algos.py, and the
+multi-turn tool agent loop `tool_agent`, verl/experimental/agent_loop/tool_agent_loop.py, which runs
+tools such as verl/tools/search_tool.py: generated ids get response_mask 1, each tool response is
+rendered with the chat template and appended with mask 0, the ids stay those sampled):
 - GAE (`compute_gae_advantage_return`): the recursion runs backwards over every response token, but on
   a token with mask 0 it neither updates the running advantage nor the bootstrap value; both are
   carried through. So a model token just before a tool output bootstraps from the value of the first
