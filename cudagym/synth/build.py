@@ -403,8 +403,6 @@ def publish_stage(config: BuildConfig, rows: list[dict], stages: list[dict], sto
     """Write BUILD/funnel.json, then BUILD/dataset (parquet + card) for the first `target` rows.
     The funnel comes first and always: with 0 rows (no dataset is written then) or a stopped build
     it is the report that says what happened (`status`, `note`)."""
-    from cudagym.synth.publish import write_hub_folder
-
     published = rows[:config.target]
     stages = stages + [{"stage": "publish", "in": len(rows), "kept": len(published),
                         "dropped": {"over_target": len(rows) - len(published)} if len(rows) > len(published) else {}}]
@@ -433,6 +431,8 @@ def publish_stage(config: BuildConfig, rows: list[dict], stages: list[dict], sto
     tmp.write_text(json.dumps(funnel, indent=2) + "\n")
     tmp.replace(out / "funnel.json")
     if published:
+        from cudagym.synth.publish import write_hub_folder  # imports datasets: seconds, which Ctrl-C need not wait
+
         write_hub_folder(published, funnel, out / "dataset")
     return funnel
 
