@@ -4,9 +4,9 @@ UI-started runs from this process (`flow.to_deployment` + `prefect.serve`: no wo
 Deployments (`DEPLOYMENTS`), each named `<flow>/cudagym` in the UI, with its flow's typed parameters
 editable there:
 
-    build_dataset        weekly (Sunday 03:00)       dataset funnel
-    refresh_leaderboard  nightly (02:00)             leaderboard metrics and per-problem tables
-    audit                weekly (Saturday 04:00)     KernelBench audit table
+    build_dataset        weekly (Sunday 03:00 UTC)   dataset funnel
+    refresh_leaderboard  nightly (02:00 UTC)         leaderboard metrics and per-problem tables
+    audit                weekly (Saturday 04:00 UTC) KernelBench audit table
     agent_rollouts       off until given a schedule  reward distribution
     train                off until given a schedule  (fails with one line until training lands)
 
