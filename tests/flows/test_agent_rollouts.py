@@ -45,6 +45,7 @@ def test_scripted_batch_reports_its_rewards(on_test_server, prefect_client, tmp_
     assert _latest(prefect_client, artifacts.ROLLOUT_PROGRESS_KEY).data == 100
 
 
+@pytest.mark.slow  # the session's Prefect server
 def test_missing_rollout_module_fails_the_run_with_one_line(on_test_server, monkeypatch, tmp_path):
     monkeypatch.setattr(flow_module, "ROLLOUT_MODULE", "cudagym.agent.no_such_module")  # a checkout without it
     state = flow_module.agent_rollouts(tasks=str(EXAMPLES / "problems"), out=str(tmp_path / "out"), device="cpu",
