@@ -33,21 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from cudagym.synth.crawl import SeedError, infer_output, single_threaded
-from cudagym.synth.labels import data_source_of, ops_from_code  # noqa: F401 - re-exported: the labels' old home
-from cudagym.synth.render import (  # noqa: F401 - re-exported for callers of the old compose module
-    BASE_IMPORTS,
-    Idents,
-    Step,
-    bind,
-    first_step,
-    glue_for,
-    name_output,
-    next_step,
-    render_steps,
-    seed_snippet,
-    seed_symbols,
-    seed_task,
-)
+from cudagym.synth.labels import data_source_of, ops_from_code
+from cudagym.synth.render import Idents, Step, first_step, name_output, next_step, render_steps
 from cudagym.synth.seeds import DOMAIN_ACCEPTS, Seed
 from cudagym.tasks import Task, TaskError, sha256_text
 
