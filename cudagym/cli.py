@@ -577,9 +577,24 @@ def cmd_train_rft(args) -> int:
     from cudagym.train.trajectories import load_trajectories
 
     db = _trajectory_store(args.run)
+    config = RFTConfig(min_reward=args.min_reward, max_identical_calls_in_a_row=args.max_identical_calls)
+    if args.model:  # selection + fine-tuning; a rerun resumes (the dataset is kept, a finished stage is not redone)
+        from cudagym.train.sft import SFTConfig, rft_stage
+
+        if not (Path(args.model) / "config.json").is_file():
+            raise UsageError(f"--model {args.model} is not a transformers checkpoint folder (no config.json)")
+        sft = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch_size)
+
+        def on_step(row: dict) -> None:
+            print(f"step {row['step']} (epoch {row['epoch']}): loss {_fmt(row['loss'])}", file=sys.stderr, flush=True)
+
+        summary = rft_stage(db, args.model, args.out, config, sft, on_step=on_step)
+        print(f"fine-tuned on {summary['samples']} rollouts ({summary['model_tokens']} model tokens) in "
+              f"{summary['steps']} steps: loss {_fmt(summary['first_loss'])} -> {_fmt(summary['last_loss'])}; "
+              f"checkpoint in {summary['checkpoint']}, metrics in {summary['metrics']}")
+        return 0
     if Path(args.out).exists():
         raise UsageError(f"{args.out} already exists; remove it or pass another --out")
-    config = RFTConfig(min_reward=args.min_reward, max_identical_calls_in_a_row=args.max_identical_calls)
     step = RFTSelect(config)
     kept = list(step.run(load_trajectories(db)))
     write_dataset(kept, args.out, step.stats, config)
@@ -612,6 +627,26 @@ def cmd_train_value(args) -> int:
     return 0
 
 
+def cmd_train_ppo(args) -> int:
+    if args.engine == "verl":
+        print("cudagym: error: --engine verl: the verl adapter is not built yet (issue 14); use --engine local",
+              file=sys.stderr)
+        return 2
+    from cudagym.train.ppo import PPOConfig
+    from cudagym.train.ppo_engine import LocalPPOConfig, run_ppo
+
+    ppo = PPOConfig(actor_lr=args.actor_lr, critic_lr=args.critic_lr)
+    config = LocalPPOConfig(tasks=args.tasks, model=args.model, out=args.out, critic=args.critic, steps=args.steps,
+                            rollouts_per_step=args.rollouts_per_step, levels=tuple(args.level) if args.level else None,
+                            ids=args.ids, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                            device=args.device, ppo=ppo)
+    rows = run_ppo(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    last = rows[-1]
+    print(f"{len(rows)} PPO steps in {args.out}: last reward {_fmt(last['reward'])}, pass rate {_fmt(last['pass_rate'])}; "
+          f"checkpoints in {args.out}/checkpoints, metrics in {args.out}/metrics.jsonl")
+    return 0
+
+
 def _add_train_commands(sub) -> None:
     tr = sub.add_parser("train", help="training on agent trajectories (docs/train.md)"
                         ).add_subparsers(dest="sub", required=True, parser_class=_Parser)
@@ -622,6 +657,11 @@ def _add_train_commands(sub) -> None:
                      help="keep rollouts with a reward above this (default 1: faster than eager or compile)")
     rft.add_argument("--max-identical-calls", type=int, default=1,
                      help="identical tool calls allowed in a row before a rollout counts as stuck (default 1)")
+    rft.add_argument("--model", help="also fine-tune this transformers checkpoint on the kept set (loss on model tokens"
+                     " only); OUT/checkpoint, OUT/sft_metrics.jsonl; a rerun resumes")
+    rft.add_argument("--lr", type=float, default=1e-5, help="fine-tuning learning rate (default 1e-5)")
+    rft.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs (default 2)")
+    rft.add_argument("--batch-size", type=int, default=8, help="rollouts per optimizer step (default 8)")
     rft.set_defaults(func=cmd_train_rft)
     val = tr.add_parser("value", help="value pretraining: a critic for --model fitted to the GAE returns of a run's rollouts")
     val.add_argument("run", help="a `cudagym agent rollout --out` folder (or its trajectories.duckdb)")
@@ -637,6 +677,22 @@ def _add_train_commands(sub) -> None:
     val.add_argument("--micro-batch", type=int, default=1, help="rollouts per forward pass (default 1)")
     val.add_argument("--json", action="store_true", help="print the summary as JSON")
     val.set_defaults(func=cmd_train_value)
+    ppo = tr.add_parser("ppo", help="multi-turn PPO on the agent environment, the policy served by the trainer itself")
+    ppo.add_argument("--engine", choices=("local", "verl"), default="local", help="local (one machine) or verl (not built)")
+    ppo.add_argument("--tasks", default="kernelbench", help="kernelbench or a task-set path")
+    ppo.add_argument("--model", required=True, help="transformers checkpoint folder of the actor (e.g. the RFT checkpoint)")
+    ppo.add_argument("--critic", help="a pretrained critic folder (`train value` OUT/critic); default: a fresh one")
+    ppo.add_argument("--out", required=True, help="folder for rollouts/, checkpoints/, metrics.jsonl; a rerun resumes")
+    ppo.add_argument("--steps", type=int, default=1, help="PPO steps in all (default 1)")
+    ppo.add_argument("--rollouts-per-step", type=int, default=1, help="rollouts per task per step (default 1)")
+    ppo.add_argument("--level", type=int, action="append", help="task level (repeatable)")
+    ppo.add_argument("--ids", help="problem ids, e.g. 1-10,12")
+    ppo.add_argument("--max-turns", type=int, default=150, help="turns per rollout (default 150, the paper's)")
+    ppo.add_argument("--max-new-tokens", type=int, default=4096, help="tokens per model turn (default 4096)")
+    ppo.add_argument("--device", default="cpu", help="where the judge runs (default cpu)")
+    ppo.add_argument("--actor-lr", type=float, default=3e-6, help="default 3e-6, the paper's")
+    ppo.add_argument("--critic-lr", type=float, default=6e-6, help="default 6e-6, the paper's")
+    ppo.set_defaults(func=cmd_train_ppo)
 
 
 # -- parser -----------------------------------------------------------------------------------------

@@ -139,3 +139,17 @@ def store_path(tmp_path_factory):
     return path
 
 
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, smollm2_tokenizer):
+    """A 1-layer, 16-wide random Llama over SmolLM2's vocabulary, saved with SmolLM2's tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder

@@ -38,21 +38,6 @@ def test_train_rft_bad_input_is_one_line(store_path, tmp_path, capsys, argv, mes
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory, smollm2_tokenizer):
-    """A 1-layer random Llama over SmolLM2's vocabulary, saved with SmolLM2's tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    smollm2_tokenizer.save_pretrained(folder)
-    return folder
-
-
 def test_train_value_pretrains_and_saves_a_critic(store_path, tiny_checkpoint, tmp_path, capsys):
     import json
 
@@ -78,5 +63,30 @@ def test_train_value_pretrains_and_saves_a_critic(store_path, tiny_checkpoint, t
 
 def test_train_value_bad_model_is_one_line(store_path, tmp_path, capsys):
     assert main(["train", "value", str(store_path), "--model", str(tmp_path), "--out", str(tmp_path / "v")]) == 1
+    err = capsys.readouterr().err
+    assert "not a transformers checkpoint" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_rft_with_a_model_fine_tunes_and_resumes(store_path, tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "rft"
+    argv = ["train", "rft", str(store_path), "--out", str(out), "--model", str(tiny_checkpoint), "--epochs", "1",
+            "--min-reward", "0"]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.strip()
+    # reward > 0 keeps quick, quick_text and slow_kernel (the fixture's tools are all kernel-environment tools)
+    assert line.startswith("fine-tuned on 3 rollouts") and "in 1 steps" in line
+    assert (out / "checkpoint" / "config.json").is_file() and (out / "README.md").is_file()
+    assert main(argv) == 0  # a rerun: the finished stage is reported, not redone
+    assert capsys.readouterr().out.strip() == line
+
+
+def test_train_ppo_verl_is_not_built_yet(tmp_path, capsys):
+    assert main(["train", "ppo", "--engine", "verl", "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "verl adapter is not built yet" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_ppo_bad_model_is_one_line(tmp_path, capsys):
+    assert main(["train", "ppo", "--tasks", "examples/problems", "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert "not a transformers checkpoint" in err and len(err.strip().splitlines()) == 1
