@@ -169,3 +169,24 @@ def test_transformers_seeds_compose():
     assert data_source_of(task.code) == "transformers"
     assert ops_from_code(task.code) == ["LlamaRMSNorm", "Linear"]
     assert list(_run(task).shape) == task.provenance["output_shape"]
+
+
+def test_transformers_share_of_the_seed_draws(seeds):
+    """Families weigh alike within each package, and transformers seeds get `transformers_share` of the
+    mass: with transformers' 9 families beside torch's 13, weighting all alike made half the tasks
+    transformers tasks (the paper: 71 of 6,000)."""
+    pool = seeds + crawl_transformers()[0]
+    is_t = [s.qualified_name.startswith("transformers") for s in pool]
+    for share in (0.005, 0.3):
+        weights = ProgrammaticComposer(ComposeConfig(transformers_share=share))._weights(pool)
+        t_mass = sum(w for w, t in zip(weights, is_t) if t)
+        assert t_mass / sum(weights) == pytest.approx(share)
+    alike = ProgrammaticComposer(ComposeConfig(transformers_share=None))._weights(pool)
+    assert sum(w for w, t in zip(alike, is_t) if t) / sum(alike) > 0.3
+    # one package only: the share does not apply
+    assert ProgrammaticComposer(ComposeConfig(transformers_share=0.005))._weights(seeds) == \
+        ProgrammaticComposer(ComposeConfig(transformers_share=None))._weights(seeds)
+    tasks = list(ComposeStep(ComposeConfig(n_tasks=20, seed=0, transformers_share=0.5)).run(pool))
+    assert Counter(t.provenance["data_source"] == "transformers" for t in tasks)[True] >= 5
+    with pytest.raises(ValueError, match="transformers_share"):
+        ComposeConfig(transformers_share=1.5)
