@@ -8,7 +8,7 @@ editable there:
     refresh_leaderboard  nightly (02:00 UTC)         leaderboard metrics and per-problem tables
     audit                weekly (Saturday 04:00 UTC) KernelBench audit table
     agent_rollouts       off until given a schedule  reward distribution
-    train                off until given a schedule  (fails with one line until training lands)
+    train                off until given a schedule  (rft -> value -> ppo; needs rollouts and a model)
 
 Runs of one deployment never overlap (deployment concurrency limit 1); flows that run kernels hold
 their device's global concurrency limit while they do (`devices.device_slot`), so two of them never
@@ -82,8 +82,9 @@ DEPLOYMENTS = {d.name: d for d in (
                " artifact: kernelbench-audit.", cron="0 4 * * 6"),
     Deployment("agent_rollouts", "cudagym.flows.agent_rollouts:agent_rollouts",
                "A batch of agent rollouts (cudagym.agent.rollout); artifacts: rollout-rewards, rollout-summary."),
-    Deployment("train", "cudagym.flows.train:train", "Training (not available yet: a run fails with one line).",
-               gpu=False),  # runs nothing yet
+    Deployment("train", "cudagym.flows.train:train",
+               "RFT -> value pretraining -> PPO on an agent run's rollouts (cudagym.train), each stage resumable;"
+               " artifacts: train-rft-curve, train-value-curve, train-ppo-curve."),
 )}
 
 

@@ -1,6 +1,6 @@
 """`cudagym serve` against a real Prefect server: it registers the deployments, an interval deployment
 (refresh_leaderboard over a watched folder on the CPU task set) fires on its own and its table
-artifacts list the submission dropped in, a UI-style run of `train` fails with its one line, SIGTERM
+artifacts list the submission dropped in, a UI-style run of `train` without rollouts fails with one line, SIGTERM
 stops serving cleanly, and a second serve updates the same deployments instead of adding more."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from cudagym.flows import artifacts
 from cudagym.flows.serve import DEPLOYMENTS
-from cudagym.flows.train import NOT_YET
+from cudagym.flows.train import NO_ROLLOUTS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -135,9 +135,10 @@ def test_serve_registers_fires_reports_and_stops(prefect_client, serve_env, tmp_
         progress = prefect_client.read_artifacts(artifact_filter=_key_filter(artifacts.LEADERBOARD_PROGRESS_KEY))
         assert progress and max(a.created for a in progress) and all(a.type == "progress" for a in progress)
 
-        # A run started by hand (as from the UI) of the placeholder fails with its one line.
+        # A run of train started by hand (as from the UI) with no rollouts to train on fails with one line.
         run = run_deployment("train/cudagym", timeout=180)
-        assert run.state.is_failed() and NOT_YET in run.state.message
+        assert run.state.is_failed() and run.state.message.startswith(NO_ROLLOUTS)
+        assert len(run.state.message.splitlines()) == 1
     finally:
         out = stop_serve(proc, log)
     assert "serving refresh_leaderboard/cudagym: every 15 s" in out
