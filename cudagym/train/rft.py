@@ -21,7 +21,7 @@ The step has the shape of the other pipeline steps (cudagym.dedup.decontaminate.
 `run(trajectories)` yields the kept ones, `stats` counts `in`, `kept`, `dropped_<reason>`, and an
 optional `rejects(trajectory, reason)` sees every drop. `write_dataset` writes the kept set as a
 `datasets` folder in chat format with tool calls (parquet + a card with the selection's counts),
-which `datasets.load_dataset(folder)` reads. The fine-tuning itself is not built yet (docs/train.md).
+which `datasets.load_dataset(folder)` reads. The fine-tuning is cudagym.train.sft.
 """
 
 from __future__ import annotations
