@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 from cudagym.train.sft import SFTConfig, sft_loss
