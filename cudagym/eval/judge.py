@@ -45,11 +45,13 @@ from cudagym.eval.gpulock import device_lock_path, gpu_lock, memory_reservation,
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.timing import (PAPER_REPS, Timer, adaptive_reps, process_cpu_clock, profiler_kernel_ms, summarize,
-                                 tamper_evidence, time_floors)
+                                 median_noise_ms, tamper_evidence, thread_cpu_clock,
+                                 time_floors)
 from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
 
 TIMING_INPUT_BUDGET_BYTES = 4 * 2**30  # rotated timing input sets share this much memory
 FP64_LIMIT_BYTES = 2 * 2**30  # skip the float64 reference above this input size
+CONFIRM_REPS = 20  # empty and timed reps in turn that must show a tampered timer again before it is flagged
 FP64_CHECKS = 2  # checks that also compare against the float64 reference (it is slow for convolutions)
 
 
@@ -555,8 +557,8 @@ class Evaluation:
         # (CUDA) or by value (CPU), and every one is checked: a candidate that is correct only while
         # checked has no unchecked call to cheat in.
         clock = RepClock(runner)
-        empty: list[tuple[float, float | None]] = []
-        reps: list[tuple[float, float | None]] = []  # (wall ms, CPU ms of the candidate's process) per rep
+        empty: list[tuple] = []
+        reps: list[tuple] = []  # (wall ms, CPU ms of the candidate's process, CPU ms of its main thread) per rep
         self.empty_rep(runner, buffers, refs, 0, len(sets), clock)  # a first, cold one: not a yardstick
         for i in range(3):
             empty.append(self.empty_rep(runner, buffers, refs, i, len(sets), clock))
@@ -580,7 +582,7 @@ class Evaluation:
             # One sign is not proof: a rep that waited on a busy machine looks like one. Measure again,
             # empty and timed reps in turn, and flag only what is still there.
             again, again_reps, again_empty = [], [], []
-            for j in range(10):
+            for j in range(CONFIRM_REPS):
                 again_empty.append(self.empty_rep(runner, buffers, refs, j, len(sets), clock))
                 ms, measured = self.timed_rep(runner, buffers, refs, j, len(sets), clock)
                 again.append(ms)
@@ -681,11 +683,13 @@ def rep_layout(i: int, n_sets: int) -> tuple[int, int]:
 
 
 class RepClock:
-    """The judge's own clocks around a rep: its wall clock, and the CPU time the candidate's process
-    used (the kernel's per-process clock, which the candidate cannot change)."""
+    """The judge's own clocks around a rep: its wall clock, the CPU time the candidate's process used
+    (the kernel's per-process clock) and the CPU time of its main thread, which makes the calls
+    (the kernel's schedstat): none of them the candidate can change."""
 
     def __init__(self, runner: RunnerProcess):
         self.cpu = process_cpu_clock(runner.proc.pid)
+        self.thread = thread_cpu_clock(runner.proc.pid)
         try:
             self.n_cpus = len(os.sched_getaffinity(runner.proc.pid))
         except OSError:
@@ -695,22 +699,40 @@ class RepClock:
     def measure(self):
         measured = types.SimpleNamespace(value=None)
         c0 = self.cpu() if self.cpu else None
+        h0 = self.read_thread()
         t0 = time.perf_counter()
         yield measured
         wall = (time.perf_counter() - t0) * 1e3
-        measured.value = (wall, (self.cpu() - c0) * 1e3 if self.cpu else None)
+        h1 = self.read_thread()
+        measured.value = (wall, (self.cpu() - c0) * 1e3 if self.cpu else None,
+                          (h1 - h0) * 1e3 if h0 is not None and h1 is not None else None)
+
+    def read_thread(self) -> float | None:
+        if self.thread is None:
+            return None
+        try:
+            return self.thread()
+        except (OSError, ValueError, IndexError):  # the process ended: the rep fails on its own
+            return None
 
     def evidence(self, reported: list[float], reps: list, empty: list) -> str | None:
         args = self.series(reps, empty)
-        self.floors = {name: round(ms, 4) for name, ms in zip(("wall", "cpu"), time_floors(*args, self.n_cpus))}
-        return tamper_evidence(reported, *args, self.n_cpus)
+        floors = time_floors(*args[:4], self.n_cpus, *args[4:])
+        self.floors = {name: round(ms, 4) for name, ms in zip(("wall", "cpu", "thread"), floors)}
+        if args[4] and args[5]:
+            self.floors["thread_noise"] = round(median_noise_ms(args[4], args[5]), 4)
+        return tamper_evidence(reported, *args[:4], self.n_cpus, *args[4:])
 
-    def series(self, reps: list, empty: list) -> tuple:
-        """(rep walls, empty walls, rep CPU times, empty CPU times); the CPU ones None where unread."""
-        cpu = [c for _, c in reps if c is not None]
-        empty_cpu = [c for _, c in empty if c is not None]
-        return ([w for w, _ in reps], [w for w, _ in empty], cpu if cpu and len(cpu) == len(reps) else None,
-                empty_cpu if empty_cpu and len(empty_cpu) == len(empty) else None)
+    @staticmethod
+    def series(reps: list, empty: list) -> tuple:
+        """(rep walls, empty walls, rep CPU times, empty CPU times, rep main-thread CPU times, empty
+        main-thread CPU times); a CPU series None where any of its reps went unread."""
+        def column(rows: list, k: int) -> list[float] | None:
+            values = [row[k] for row in rows]
+            return values if values and all(v is not None for v in values) else None
+
+        return ([r[0] for r in reps], [r[0] for r in empty], column(reps, 1), column(empty, 1),
+                column(reps, 2), column(empty, 2))
 
 
 def reply_ms(reply: dict) -> float:

@@ -166,6 +166,11 @@ def profile_calls(fn: Callable[[], object], warmup: int = PAPER_WARMUP, reps: in
 # -- evidence of a tampered timer ------------------------------------------------------------------
 TAMPER_MARGIN_MS = 0.2  # jitter of a round trip between the judge and the candidate's process
 TAMPER_CPU_MARGIN_MS = 0.02  # jitter of the candidate process's own CPU time between reps (no scheduler in it)
+TAMPER_THREAD_MARGIN_MS = 0.002  # least margin of the main-thread bound (its noise, measured per run, adds to it)
+# No call through the harness takes less than this: on CPU the Python call of the module alone costs
+# more; on CUDA the timer's events sit on either side of a device-wide synchronisation the host waits
+# for. A median below it is a clock that was slowed or stopped, whatever the machine's load.
+PHYSICAL_FLOOR_MS = 0.0005
 
 
 def process_cpu_clock(pid: int) -> Callable[[], float] | None:
@@ -180,36 +185,99 @@ def process_cpu_clock(pid: int) -> Callable[[], float] | None:
     return lambda: time.clock_gettime(clock_id)
 
 
+def thread_cpu_clock(pid: int, tid: int | None = None, settle_s: float = 0.002) -> Callable[[], float] | None:
+    """Seconds of CPU time one thread of process pid (its main thread by default) has used, from
+    /proc/PID/task/TID/schedstat (nanoseconds on a CPU). The kernel brings that number up to date
+    when the thread stops running, so it is read once the thread sleeps (the candidate's main thread
+    sleeps between the judge's requests; waiting up to settle_s for it, a stale read can only be
+    smaller, i.e. weaker evidence). Another process's thread clock cannot be read with
+    clock_gettime; None where /proc does not offer schedstat."""
+    tid = pid if tid is None else tid
+    stat, schedstat = f"/proc/{pid}/task/{tid}/stat", f"/proc/{pid}/task/{tid}/schedstat"
+
+    def running() -> bool:
+        try:
+            with open(stat) as f:
+                return f.read().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):
+            return False
+
+    def read() -> float:
+        deadline = time.perf_counter() + settle_s
+        while running() and time.perf_counter() < deadline:
+            pass
+        with open(schedstat) as f:
+            return int(f.read().split()[0]) / 1e9
+
+    try:
+        read()
+    except (OSError, ValueError, IndexError):
+        return None
+    return read
+
+
 def time_floors(walls_ms: list[float], empty_walls_ms: list[float], cpu_ms: list[float] | None = None,
-                empty_cpu_ms: list[float] | None = None, n_cpus: int = 1) -> tuple[float, float]:
-    """(wall, CPU) lower bounds on a rep's real time, in ms (see tamper_evidence); 0 where unknown."""
+                empty_cpu_ms: list[float] | None = None, n_cpus: int = 1, thread_ms: list[float] | None = None,
+                empty_thread_ms: list[float] | None = None) -> tuple[float, float, float]:
+    """(wall, CPU, main thread) lower bounds on a rep's real time, in ms (see tamper_evidence); 0 where unknown."""
     wall_floor = min(walls_ms) - statistics.median(empty_walls_ms) if walls_ms and empty_walls_ms else 0.0
     cpu_floor = 0.0
     if cpu_ms and empty_cpu_ms:
         cpu_floor = (statistics.median(cpu_ms) - statistics.median(empty_cpu_ms)) / max(1, n_cpus)
-    return wall_floor, cpu_floor
+    thread_floor = 0.0
+    if thread_ms and empty_thread_ms:
+        thread_floor = statistics.median(thread_ms) - statistics.median(empty_thread_ms)
+    return wall_floor, cpu_floor, thread_floor
+
+
+def median_noise_ms(a: list[float], b: list[float]) -> float:
+    """Standard error of median(a) - median(b), from each series' median absolute deviation."""
+    def se(xs: list[float]) -> float:
+        if len(xs) < 2:
+            return 0.0
+        m = statistics.median(xs)
+        sigma = 1.4826 * statistics.median(abs(x - m) for x in xs)
+        return 1.2533 * sigma / len(xs) ** 0.5
+    return (se(a) ** 2 + se(b) ** 2) ** 0.5
 
 
 def tamper_evidence(reported_ms: list[float], walls_ms: list[float], empty_walls_ms: list[float],
                     cpu_ms: list[float] | None = None, empty_cpu_ms: list[float] | None = None,
-                    n_cpus: int = 1) -> str | None:
+                    n_cpus: int = 1, thread_ms: list[float] | None = None,
+                    empty_thread_ms: list[float] | None = None) -> str | None:
     """Why the times the candidate's process reported are too small to be true, or None.
 
-    Two lower bounds on what a rep really took, neither of which the candidate can lower:
+    Three lower bounds on what a rep really took, none of which the candidate can lower:
     - wall: the judge's clock around the rep, less what a rep without the call costs. Waiting adds
       to a wall time and never takes from it, so the least wall time of the reps is the one closest
       to the truth, set against the typical empty rep: a loaded machine (a rep that waited for a core
       or the GPU) weakens the bound, it never makes an honest kernel look too fast;
     - CPU: the CPU time the candidate's process used in a rep, less an empty rep's, spread over every
       core it may run on (its work cannot take less wall time than that). It does not grow while the
-      process waits, so load does not move it; on CUDA, waiting for the device spins and counts.
-    Times reported below half of either bound (less its jitter) are evidence."""
+      process waits, so load does not move it; on CUDA, waiting for the device spins and counts;
+    - main thread: the CPU time of the thread that makes the call, less an empty rep's. One thread
+      cannot use more CPU time than the wall time it runs for, so no division by the cores (the
+      process bound's weak point for small calls), and helper threads that spin after a parallel
+      region (OpenMP) are not in it. Its margin is its own measured noise (the medians' standard
+      error, three times over) plus TAMPER_THREAD_MARGIN_MS: small calls stay checkable.
+    Times reported below half of the wall or CPU bound, or a quarter of the main-thread bound (an honest
+    call's thread also pays, outside its timed window, for handing over real outputs from cold caches:
+    up to 1.7x its time was seen on a loaded 2-core machine), less their jitter, are evidence; so is a
+    median below PHYSICAL_FLOOR_MS, which catches a stopped or much slowed clock where a call is too
+    small for any bound to stand above the noise of a loaded machine."""
     if not reported_ms or not walls_ms or not empty_walls_ms:
         return None
     reported = statistics.median(reported_ms)
-    wall_floor, cpu_floor = time_floors(walls_ms, empty_walls_ms, cpu_ms, empty_cpu_ms, n_cpus)
+    if reported < PHYSICAL_FLOOR_MS:
+        return f"reported {reported:.2g} ms, less than any call through the harness takes ({PHYSICAL_FLOOR_MS} ms)"
+    wall_floor, cpu_floor, thread_floor = time_floors(walls_ms, empty_walls_ms, cpu_ms, empty_cpu_ms, n_cpus,
+                                                      thread_ms, empty_thread_ms)
     if reported < 0.5 * wall_floor - TAMPER_MARGIN_MS:
         return f"reported {reported:.3f} ms, the wall clock says >= {wall_floor:.3f} ms"
     if reported < 0.5 * cpu_floor - TAMPER_CPU_MARGIN_MS:
         return f"reported {reported:.3f} ms, the CPU time over {n_cpus} core(s) says >= {cpu_floor:.3f} ms"
+    if thread_ms and empty_thread_ms:
+        margin = TAMPER_THREAD_MARGIN_MS + 3 * median_noise_ms(thread_ms, empty_thread_ms)
+        if reported < 0.25 * thread_floor - margin:
+            return f"reported {reported:.4f} ms, the calling thread's CPU time says >= {thread_floor:.4f} ms"
     return None

@@ -16,7 +16,8 @@ import pytest
 
 from cudagym.eval.evaluate import EvalConfig, evaluate_candidate
 from cudagym.eval.gpulock import device_lock_path, gpu_lock, lock_dir, prepare_lock_dir
-from cudagym.eval.timing import TAMPER_CPU_MARGIN_MS, TAMPER_MARGIN_MS, tamper_evidence
+from cudagym.eval.timing import (PHYSICAL_FLOOR_MS, TAMPER_CPU_MARGIN_MS, TAMPER_MARGIN_MS, TAMPER_THREAD_MARGIN_MS,
+                                 tamper_evidence, thread_cpu_clock)
 from cudagym.eval.verdict import Status
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -111,9 +112,58 @@ def test_a_clock_slowed_100x_is_evidence_by_wall_and_by_cpu_time():
 
 
 def test_small_times_stay_inside_the_margin():
-    assert tamper_evidence([0.0] * 10, [0.3 + 2 * TAMPER_MARGIN_MS] * 10, [0.3] * 5) is None
-    assert tamper_evidence([0.0] * 10, [0.3] * 10, [0.3] * 5, [0.1 + 1.5 * TAMPER_CPU_MARGIN_MS] * 10, [0.1] * 5) is None
-    assert tamper_evidence([0.0] * 10, [0.3] * 10, [0.3] * 5, [0.1 + 3 * TAMPER_CPU_MARGIN_MS] * 10, [0.1] * 5)
+    tiny = [2 * PHYSICAL_FLOOR_MS] * 10
+    assert tamper_evidence(tiny, [0.3 + 2 * TAMPER_MARGIN_MS] * 10, [0.3] * 5) is None
+    assert tamper_evidence(tiny, [0.3] * 10, [0.3] * 5, [0.1 + 1.5 * TAMPER_CPU_MARGIN_MS] * 10, [0.1] * 5) is None
+    assert tamper_evidence(tiny, [0.3] * 10, [0.3] * 5, [0.1 + 3 * TAMPER_CPU_MARGIN_MS] * 10, [0.1] * 5)
+
+
+def test_a_stopped_clock_is_evidence_however_loaded_the_machine():
+    """Below PHYSICAL_FLOOR_MS no call through the harness can report, even when every bound is lost in
+    the noise of a loaded machine (the wall floor negative, CPU times all over the place)."""
+    walls, empties = [5.0, 9.0, 3.0] * 10, [4.0, 8.0, 6.0] * 3
+    assert "less than any call" in tamper_evidence([3e-8] * 30, walls, empties)
+    assert tamper_evidence([2 * PHYSICAL_FLOOR_MS] * 30, walls, empties) is None
+
+
+def test_the_calling_threads_cpu_time_is_a_bound_without_dividing_by_cores():
+    """On a 16-core box the process bound divides by 16; one thread's CPU time cannot exceed its wall
+    time, so it stays a bound. An honest call whose thread also pays for its outputs outside the timed
+    window (1.7x its time, seen on a loaded machine) is not evidence; a clock slowed 10x is."""
+    walls, empties = [1.0] * 40, [1.0] * 10  # the wall bound says nothing
+    thread_empty = [0.05 + 0.001 * (i % 3) for i in range(10)]
+    honest = tamper_evidence([0.2] * 40, walls, empties, n_cpus=16, thread_ms=[0.05 + 1.7 * 0.2] * 40,
+                             empty_thread_ms=thread_empty)
+    assert honest is None
+    slowed = tamper_evidence([0.02] * 40, walls, empties, n_cpus=16, thread_ms=[0.05 + 0.2] * 40,
+                             empty_thread_ms=thread_empty)
+    assert slowed and "calling thread" in slowed
+    # the same means with the thread's times spread wide: its noise widens the margin and nothing is claimed
+    noisy = [0.05 + 0.2 + (0.4 if i % 2 else -0.2) for i in range(40)]
+    assert tamper_evidence([0.02] * 40, walls, empties, n_cpus=16, thread_ms=noisy,
+                           empty_thread_ms=[0.05 + (0.3 if i % 2 else 0.0) for i in range(10)]) is None
+    assert TAMPER_THREAD_MARGIN_MS > 0
+
+
+def test_a_threads_cpu_time_is_read_from_another_process():
+    """The judge reads the candidate process's main thread from /proc (no clock_gettime for another
+    process's thread): a child that spins for 0.3 s of CPU shows at least that much, one that sleeps does not."""
+    code = "import sys, time\nsys.stdin.readline()\nt = time.thread_time()\nwhile time.thread_time() - t < 0.3:\n    pass\nprint('done', flush=True)\nsys.stdin.readline()\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        clock = thread_cpu_clock(proc.pid)
+        if clock is None:
+            pytest.skip("this kernel's /proc has no schedstat")
+        before = clock()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        spun = clock() - before
+        time.sleep(0.2)
+        assert spun >= 0.29 and clock() - before - spun < 0.05
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # -- one lock per device, for every caller -------------------------------------------------------
