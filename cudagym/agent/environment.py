@@ -193,8 +193,11 @@ class KernelEnv:
             config = replace(config, compile_baseline=False)
         verdict = evaluate_candidate(self.task.code, code, config, task=self.task,
                                      t_compile_ms=self._t_compile_ms if timed else None, files=files)
-        if timed and verdict.t_compile_ms and self._t_compile_ms is None:
-            self._t_compile_ms = verdict.t_compile_ms  # compile the reference once per rollout
+        if timed and verdict.t_compile_ms and self._t_compile_ms is None and not self._shells:
+            # compile the reference once per rollout, but only in a call made while none of the agent's
+            # processes live: from its shell (./profile) a background burner could slow the baseline
+            # that the final verdict would then be measured against
+            self._t_compile_ms = verdict.t_compile_ms
         build_s = float(verdict.timing.get("info", {}).get("phase_s", {}).get("load", 0.0))
         return verdict, left_out, build_s
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cudagym.agent.workdir import CONTROL_DIR, WorkdirError, chown_new, is_protected, resolve
+from cudagym.agent.workdir import (CONTROL_DIR, WorkdirError, chown_new, is_protected, read_inside, resolve,
+                                   write_inside)
 
 if TYPE_CHECKING:
     from cudagym.agent.environment import KernelEnv
@@ -140,7 +141,7 @@ def read_file(env: "KernelEnv", args: dict) -> ToolResult:
     too_big = _too_big(path, args["path"])
     if too_big:
         return too_big
-    lines = path.read_text(errors="replace").splitlines()
+    lines = read_inside(env.workdir.resolve(), path).decode(errors="replace").splitlines()
     shown = lines[offset - 1:offset - 1 + limit]
     text = "".join(f"{offset + i:6d}\t{line}\n" for i, line in enumerate(shown))
     if offset - 1 + limit < len(lines):
@@ -177,7 +178,7 @@ def write_file(env: "KernelEnv", args: dict) -> ToolResult:
     path = _writable(env, args["path"])
     existed = path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(args["content"])
+    write_inside(env.workdir.resolve(), path, args["content"])
     chown_new(env.workdir, path, *env.ids)
     n = args["content"].count("\n") + (0 if args["content"].endswith("\n") or not args["content"] else 1)
     return ToolResult(output=f"{'replaced' if existed else 'created'} {args['path']} ({n} lines)")
@@ -198,13 +199,14 @@ def edit_file(env: "KernelEnv", args: dict) -> ToolResult:
     too_big = _too_big(path, args["path"])
     if too_big:
         return too_big
-    text = path.read_text(errors="replace")
+    root = env.workdir.resolve()
+    text = read_inside(root, path).decode(errors="replace")
     count = text.count(old)
     if count == 0:
         return error(f"old text not found in {args['path']} (it must match exactly, whitespace included)")
     if count > 1:
         return error(f"old text occurs {count} times in {args['path']}: include more context so it occurs once")
-    path.write_text(text.replace(old, new, 1))
+    write_inside(root, path, text.replace(old, new, 1))
     line = text[:text.index(old)].count("\n") + 1
     return ToolResult(output=f"edited {args['path']} at line {line}")
 
@@ -261,10 +263,12 @@ def grep(env: "KernelEnv", args: dict) -> ToolResult:
     for rel in _walk(root, start):
         if include and not (_matches(rel, include) or fnmatch.fnmatchcase(Path(rel).name, include)):
             continue
-        path = root / rel
-        if path.stat().st_size > MAX_GREP_FILE_BYTES:
+        try:  # a FIFO or device is skipped, never waited on
+            data = read_inside(root, root / rel, MAX_GREP_FILE_BYTES + 1)
+        except WorkdirError:
             continue
-        data = path.read_bytes()
+        if len(data) > MAX_GREP_FILE_BYTES:
+            continue
         if b"\0" in data[:4096]:
             continue  # binary
         for n, line in enumerate(data.decode(errors="replace").splitlines(), 1):

@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import shutil
+import stat
 import threading
 import tokenize
 from importlib import resources
@@ -35,6 +36,7 @@ CONTROL_DIR = ".cudagym"  # the environment's own folder in the workdir (its soc
 SOCKET_NAME = "env.sock"
 BUILD_DIR, TMP_DIR, KERNELS_DIR = ".build", ".tmp", "kernels"
 MAX_CANDIDATE_BYTES = 2 * 2**20  # model_new.py and kernels/ together, as sent to the judge
+MAX_CANDIDATE_FILES = 200  # files under kernels/ sent to the judge
 
 STARTER_HEADER = '''\
 # model_new.py: your solution. The judge imports this file and uses class ModelNew (the same
@@ -163,16 +165,56 @@ def is_protected(workdir: Path, path: Path) -> bool:
     return rel.parts[:1] == (CONTROL_DIR,) or (len(rel.parts) == 1 and rel.parts[0] in PROTECTED)
 
 
+def _open_inside(root: Path, path: Path, flags: int) -> int:
+    """A descriptor of regular file `path`, opened so that nothing the agent's processes do meanwhile
+    (./verify runs while they live) can redirect it: no symlink followed at the last step, no wait on
+    a FIFO or device (O_NONBLOCK, and anything but a regular file refused), and the file actually
+    opened must lie under `root`, checked on the descriptor itself (a folder swapped for a symlink
+    after the path was checked is caught)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WorkdirError(f"{path.relative_to(root) if path.is_relative_to(root) else path}: not a regular file")
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        if not real.startswith(str(root) + os.sep):
+            raise WorkdirError(f"{path.relative_to(root) if path.is_relative_to(root) else path}: leads outside the workdir")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_inside(root: Path, path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of regular file `path` under `root` (see _open_inside); WorkdirError past max_bytes."""
+    fd = _open_inside(root, path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise WorkdirError(f"{path.relative_to(root)} has {size >> 10} KiB, more than {max_bytes >> 10} KiB")
+        return f.read() if max_bytes is None else f.read(max_bytes + 1)[:max_bytes]
+
+
+def write_inside(root: Path, path: Path, text: str) -> None:
+    """Create or replace regular file `path` under `root` with `text` (see _open_inside: truncated only
+    once the open file is known to be the workdir's own)."""
+    fd = _open_inside(root, path, os.O_WRONLY | os.O_CREAT)
+    with os.fdopen(fd, "wb") as f:
+        f.truncate(0)
+        f.write(text.encode())
+
+
 def candidate_sources(workdir: Path) -> tuple[str, dict[str, str], list[str]]:
     """(model_new.py, {kernels/...: text} for the judge, kernels/ files left out and why)."""
     root = workdir.resolve()
     main = root / "model_new.py"
     if main.is_symlink() or not main.is_file():
         raise WorkdirError("model_new.py is missing (write it with write_file)")
-    size = main.stat().st_size
-    if size > MAX_CANDIDATE_BYTES:
-        raise WorkdirError(f"model_new.py has {size >> 10} KiB; at most {MAX_CANDIDATE_BYTES >> 10} KiB go to the judge")
-    code = main.read_text(errors="replace")
+    budget = MAX_CANDIDATE_BYTES
+    try:
+        code = read_inside(root, main, budget).decode(errors="replace")
+    except WorkdirError:
+        raise WorkdirError(f"model_new.py is not a regular file of at most {MAX_CANDIDATE_BYTES >> 10} KiB") from None
+    budget -= len(code.encode())
     files, left_out = {}, []
     for dirpath, dirnames, filenames in os.walk(root / KERNELS_DIR):
         dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
@@ -183,12 +225,22 @@ def candidate_sources(workdir: Path) -> tuple[str, dict[str, str], list[str]]:
                 left_out.append(f"{rel} (a symlink)")
             elif not name.endswith(CANDIDATE_FILE_SUFFIXES):
                 left_out.append(f"{rel} (not a C++/CUDA source or header)")
+            elif len(files) >= MAX_CANDIDATE_FILES:
+                left_out.append(f"{rel} (more than {MAX_CANDIDATE_FILES} files)")
             else:
-                size += path.stat().st_size  # counted before reading: a huge file is never read
-                if size > MAX_CANDIDATE_BYTES:
-                    raise WorkdirError(f"model_new.py and kernels/ hold more than {MAX_CANDIDATE_BYTES >> 10} KiB; "
-                                       "that much does not go to the judge")
-                files[rel] = path.read_text(errors="replace")
+                try:  # a huge file is never read past the budget; a FIFO or a swapped link is not read at all
+                    data = read_inside(root, path, budget)
+                except WorkdirError as e:
+                    if "KiB" in str(e):
+                        raise WorkdirError(f"model_new.py and kernels/ hold more than {MAX_CANDIDATE_BYTES >> 10} KiB; "
+                                           "that much does not go to the judge") from None
+                    left_out.append(f"{rel} ({str(e).split(': ', 1)[-1]})")
+                    continue
+                except OSError as e:
+                    left_out.append(f"{rel} (unreadable: {e.strerror})")
+                    continue
+                budget -= len(data)
+                files[rel] = data.decode(errors="replace")
     return code, files, left_out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,16 @@ def clear_stop() -> None:
     """After a stop (its finished work collected) or before a new batch: judges that end from now on
     finished, they were not stopped."""
     _STOPPING.clear()
+
+
+# Environment variables a judge (and the candidate's process under it) never gets: the candidate could
+# read one and hand it back in an exception's text, i.e. in the verdict's reason, which reaches an
+# agent's transcript and the stores (an API key of the run that evaluates it, a Hub token, ...).
+SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+def without_secrets(environ) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if not SECRET_ENV_NAME.search(k)}
 
 
 class CandidateError(ValueError):
@@ -247,7 +258,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
         json.dump(request, f)
     log_path = os.path.join(workdir, "judge.log")
     lines_path = os.path.join(workdir, "results.jsonl")  # a judge of several tasks: a line per finished task
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = dict(without_secrets(os.environ), PYTHONDONTWRITEBYTECODE="1")
     if config.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # judge and runner alternate on the CPU; spinning thread pools would time each other
     if config.compile_threads:

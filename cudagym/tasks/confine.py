@@ -24,6 +24,11 @@ CONFINE_PREFIX = "cudagym-sandbox: "
 KEEP_WRITABLE = ("/proc", "/sys", "/dev")
 
 
+def pseudo_fs(mount: str) -> bool:
+    """Whether a mount point is one of KEEP_WRITABLE or below one (`/dev/shm`, not `/devdata`)."""
+    return any(mount == k or mount.startswith(k + "/") for k in KEEP_WRITABLE)
+
+
 def load_libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
@@ -76,11 +81,11 @@ def _confine_and_exec(spec: dict, argv: list[str]) -> None:
         check_rc(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
                           f"size={spec['shm_bytes']},mode=1777".encode()), "private /dev/shm")
     for mount, _ in _mounts():
-        if mount not in keep and not mount.startswith(KEEP_WRITABLE):
+        if mount not in keep and not pseudo_fs(mount):
             libc.mount(None, mount.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
     # Checked, not assumed: a mount that refused to become read-only ends the launch.
     for mount, options in _mounts():
-        if mount not in keep and not mount.startswith(KEEP_WRITABLE) and "ro" not in options:
+        if mount not in keep and not pseudo_fs(mount) and "ro" not in options:
             raise OSError(1, f"{mount} stayed writable")
     pid = os.fork()
     if pid == 0:

@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cudagym.tasks.confine import (CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER, CONFINE_FAILED, CONFINE_PREFIX,  # noqa: F401
-                                   KEEP_WRITABLE, MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, check_rc, load_libc)
+                                   MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, check_rc, load_libc,
+                                   pseudo_fs)
+
 
 def _enter_namespaces(libc) -> None:
     if os.geteuid() == 0:
@@ -51,7 +53,7 @@ def isolate(workdir: str | Path, writable: list[str | Path] = ()) -> str:
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
         for mount in mounts:
             mount = mount.replace("\\040", " ")
-            if mount in keep or mount.startswith(KEEP_WRITABLE):
+            if mount in keep or pseudo_fs(mount):
                 continue
             # Some mounts (already read-only, locked in a user namespace) refuse; that leaves them as they were.
             libc.mount(None, mount.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cudagym.agent.environment import EnvConfig, KernelEnv
+from cudagym.agent.workdir import sandbox_ids
 from cudagym.eval.verdict import Status
 from cudagym.tasks import task_from_file
 from cudagym.tasks.sandbox import CONFINE_FAILED, CONFINE_PREFIX, Confinement, run_confined
@@ -152,6 +153,41 @@ def test_verify_command_asks_the_environment(env):
 
 
 @needs_root
+def test_fifos_made_by_the_shell_never_block_the_environment(env):
+    """A FIFO (no writer ever comes) where the environment reads or writes: each tool and ./verify
+    answers at once instead of waiting forever as root."""
+    made = bash(env, "mkfifo kernels/k.cu kernels/k.h notes.txt && ls -l kernels | head -3")
+    assert made.ok, made.output
+    assert not env.execute("read_file", {"path": "notes.txt"}).ok
+    assert not env.execute("edit_file", {"path": "notes.txt", "old": "a", "new": "b"}).ok
+    written = env.execute("write_file", {"path": "notes.txt", "content": "x"})
+    assert not written.ok and "notes.txt" in written.output
+    assert env.execute("grep", {"pattern": "anything"}).output.startswith("no matches")
+    verified = env.execute("verify", {})  # the starter goes to the judge; the FIFOs are left out, said so
+    assert "kernels/k.cu (not a regular file)" in verified.output, verified.output
+    through_shell = bash(env, "timeout 50 ./verify > out.txt; grep -o 'not a regular file' out.txt | wc -l", timeout=60)
+    assert through_shell.output.startswith("2"), through_shell.output
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_compile_baseline_timed_from_the_shell_is_not_kept(rollouts):
+    """./profile runs while the agent's processes live (a background burner could slow torch.compile's
+    time): the environment does not keep that baseline for the final verdict; a profile tool call
+    (no agent process alive) sets it."""
+    env = KernelEnv(task_from_file(FIXTURES / "problems" / "add_scale.py"), rollouts / "wd-c",
+                    EnvConfig(policy="permissive", bash_timeout_s=300, max_output_chars=4_000))
+    try:
+        from_shell = bash(env, "./profile", timeout=300)
+        assert "torch.compile" in from_shell.output, from_shell.output
+        assert from_shell.data["verdicts"][0]["t_compile_ms"] and env._t_compile_ms is None
+        direct = env.execute("profile", {})
+        assert direct.ok and env._t_compile_ms == direct.data["t_compile_ms"]
+    finally:
+        env.close()
+
+
+@needs_root
 @pytest.mark.slow
 def test_fork_bomb_is_contained(env):
     result = bash(env, "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", timeout=20)
@@ -197,18 +233,20 @@ def test_fails_closed(tmp_path):
     """Confinement that cannot be set up never runs the command: not as root with a bad spec, not as
     a user without root."""
     marker = tmp_path / "ran"
-    bad = Confinement(workdir="/proc/version/wd")  # cannot be made
+    # a uid of the sandbox range, never 65534: run_confined ends every process of its uid afterwards
+    uid, gid = sandbox_ids(tmp_path)
+    bad = Confinement(workdir="/proc/version/wd", uid=uid, gid=gid)  # cannot be made
     result = run_confined(["touch", str(marker)], bad, {"PATH": "/usr/bin:/bin"}, 30, 2**30)
     assert result.returncode == CONFINE_FAILED and result.confine_error and not marker.exists()
     if os.geteuid() != 0:
-        result = run_confined(["touch", str(marker)], Confinement(workdir=str(tmp_path / "wd")),
+        result = run_confined(["touch", str(marker)], Confinement(workdir=str(tmp_path / "wd"), uid=uid, gid=gid),
                               {"PATH": "/usr/bin:/bin"}, 30, 2**30)
         assert "confinement needs root" in result.confine_error and not marker.exists()
     if os.geteuid() == 0 and Path("/usr/bin/setpriv").exists() and Path("/usr/bin/python3").exists():
         from cudagym.tasks import confine
 
         launcher = Path(confine.__file__)
-        spec = json.dumps({**Confinement(workdir=str(tmp_path)).__dict__, "writable": [], "read_only": [],
+        spec = json.dumps({**Confinement(workdir=str(tmp_path), uid=uid, gid=gid).__dict__, "writable": [], "read_only": [],
                            "hidden": [], "visible": []})
         proc = subprocess.run(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                "/usr/bin/python3", "-I", "-S", str(launcher), spec, "--", "touch", str(marker)],

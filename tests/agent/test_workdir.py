@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cudagym.agent.workdir import (PROTECTED, WorkdirError, candidate_sources, changed_protected, create_workdir,
-                                   resolve, sandbox_ids, starter_model_new)
+                                   read_inside, resolve, sandbox_ids, starter_model_new, write_inside)
 from cudagym.eval.evaluate import validate_candidate
 from cudagym.tasks import task_from_file
 
@@ -93,3 +93,25 @@ def test_candidate_sources_sends_cpp_files_only(made):
     (workdir / "model_new.py").unlink()
     with pytest.raises(WorkdirError, match="missing"):
         candidate_sources(workdir)
+
+
+def test_reads_and_writes_stay_inside_even_through_a_swapped_folder(tmp_path):
+    """The check is made on the opened file itself: a folder of the workdir that became a symlink to
+    the outside after the path was checked (a race the agent's processes could run) is refused."""
+    root = (tmp_path / "wd").resolve()
+    (root / "kernels").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.h").write_text("secret")
+    (root / "kernels" / "ok.h").write_text("fine")
+    assert read_inside(root, root / "kernels" / "ok.h") == b"fine"
+    (root / "kernels").rename(root / "old")
+    (root / "kernels").symlink_to(outside)  # the swap
+    with pytest.raises(WorkdirError, match="leads outside the workdir"):
+        read_inside(root, root / "kernels" / "secret.h")
+    with pytest.raises(WorkdirError, match="leads outside the workdir"):
+        write_inside(root, root / "kernels" / "secret.h", "overwritten")
+    assert (outside / "secret.h").read_text() == "secret"  # not truncated before the check
+    os.mkfifo(root / "pipe.cu")
+    with pytest.raises(WorkdirError, match="not a regular file"):
+        read_inside(root, root / "pipe.cu")

@@ -255,3 +255,25 @@ def test_write_outside_workdir_fails_and_leaves_nothing(failing_verdicts, escape
     assert verdict.status is not Status.PASS
     assert not escape_path.exists()
     assert escape_path.parent.is_dir()  # the directory was there to write into
+
+
+def test_the_judge_gets_no_secrets_from_the_environment():
+    """An API key or token in the caller's environment never reaches a judge (and so the candidate it
+    runs, which could hand it back in an exception's text, i.e. in the verdict's reason)."""
+    from cudagym.eval.evaluate import without_secrets
+
+    env = {"OPENAI_API_KEY": "sk-1", "HF_TOKEN": "hf_1", "AWS_SECRET_ACCESS_KEY": "a", "DB_PASSWORD": "p",
+           "PATH": "/usr/bin", "TORCH_EXTENSIONS_DIR": "/x", "CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "1"}
+    assert without_secrets(env) == {"PATH": "/usr/bin", "TORCH_EXTENSIONS_DIR": "/x", "CUDA_VISIBLE_DEVICES": "0",
+                                    "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_a_candidate_cannot_read_a_key_of_the_callers_environment(monkeypatch):
+    """End to end: the candidate's process looks for the key and reports what it sees in its error."""
+    monkeypatch.setenv("CUDAGYM_TEST_API_KEY", "sk-secret-value")
+    leaky = candidate("return x", init="def __init__(self):\n        import os\n"
+                      "        raise RuntimeError('key=' + os.environ.get('CUDAGYM_TEST_API_KEY', 'absent'))")
+    verdict = evaluate_candidate(REF, leaky, EvalConfig(**dict(CPU, static_checks=False, policy="permissive")))
+    assert verdict.status is Status.RUNTIME_ERROR and "key=absent" in verdict.reason, verdict.reason
+    assert "sk-secret-value" not in verdict.to_json()
