@@ -56,6 +56,7 @@ def _command(tasks: Path, out: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a killed batch, then its rerun (up to 600 s on a slow machine)
 def test_a_killed_batch_resumes_without_redoing_finished_rollouts(tmp_path, capsys):
     tasks = write_task_set(tmp_path / "tasks", ["quick+delay"] * 4)  # each reply waits 0.5 s: time to kill
     out = tmp_path / "out"

@@ -86,6 +86,7 @@ def completed_runs(client, flow_name: str) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # its waits add up past the suite's 600 s on a slow machine
 def test_serve_registers_fires_reports_and_stops(prefect_client, serve_env, tmp_path):
     from prefect.deployments import run_deployment
 
