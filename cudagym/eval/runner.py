@@ -314,10 +314,14 @@ def warm_up(device: str, profiler: bool = False) -> None:
 def main(argv: list[str]) -> int:
     from multiprocessing.connection import Connection
 
-    from cudagym.tasks.sandbox import isolate
+    from cudagym.tasks.sandbox import drop_capabilities, isolate
 
     fd, workdir, writable = int(argv[1]), argv[2], argv[3:]
     sandbox = isolate(workdir, writable) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
+    if sandbox != "off":  # the mounts are made: nothing the candidate does may change them back
+        kept = drop_capabilities()
+        if kept and sandbox == "full":
+            sandbox = f"partial: {kept}"
     os.chdir(workdir)
     os.environ["TMPDIR"] = tempfile.tempdir = workdir
     Runner(Connection(fd), sandbox).serve()

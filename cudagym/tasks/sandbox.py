@@ -12,6 +12,7 @@ on GPU boxes that have nothing but torch.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
@@ -62,6 +63,47 @@ def isolate(workdir: str | Path, writable: list[str | Path] = ()) -> str:
         return "full"
     except OSError as e:
         return f"partial: {e.strerror or e}"
+
+
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 24, 28, 38
+# uid 0 gains no capability by exec, and none can be raised again (the bits are locked)
+SECUREBITS_NO_ROOT = sum(1 << b for b in (0, 1, 2, 3, 6, 7))  # NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE + locks
+CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> str | None:
+    """Give up every capability for good, after `isolate()` has used them. Run as root, the candidate's
+    process keeps uid 0 (its build caches and the GPU work as before) but can no longer undo the
+    read-only mounts (CAP_SYS_ADMIN: a remount made the whole file system writable again), read
+    another process's memory (CAP_SYS_PTRACE), or regain any of it by exec (no_new_privs, an empty
+    bounding set, SECBIT_NOROOT). None when done, else why not (recorded as a partial sandbox)."""
+    libc = load_libc()
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return "no_new_privs refused"
+    try:
+        last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        last_cap = 63
+    for cap in range(last_cap + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # needs CAP_SETPCAP; the status below says if it held
+    libc.prctl(PR_SET_SECUREBITS, SECUREBITS_NO_ROOT, 0, 0, 0)
+    if libc.capset(ctypes.byref(_CapHeader(CAPABILITY_VERSION_3, 0)), (_CapData * 2)()) != 0:
+        return f"capset: {os.strerror(ctypes.get_errno())}"
+    kept = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("CapEff", "CapPrm", "CapBnd", "CapAmb") and int(value.strip(), 16):
+            kept[key] = value.strip()
+    return f"capabilities kept ({', '.join(f'{k} {v}' for k, v in kept.items())})" if kept else None
 
 
 def _root_writable() -> bool:

@@ -197,8 +197,15 @@ def escape_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def failing_verdicts(escape_path):
+    # uid 0 with CAP_SYS_ADMIN in its mount namespace could remount every mount read-write again, then
+    # write: the candidate's process gives its capabilities up once its mounts are made
+    remount = ("import ctypes\nlibc = ctypes.CDLL(None)\nfor line in open('/proc/self/mounts'):\n"
+               "    libc.mount(None, line.split()[1].encode(), None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND: rw\n")
+    escaped_by_remount = escape_path.with_name("remounted.txt")
     cases = dict(FAILING, writes_outside=(
         candidate(f"with open({str(escape_path)!r}, 'w') as f:\n    f.write('x')\nreturn x * 2 + y"),
+        {"static_checks": False}), remounts_then_writes=(
+        candidate(remount + f"with open({str(escaped_by_remount)!r}, 'w') as f:\n    f.write('x')\nreturn x * 2 + y"),
         {"static_checks": False}))
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {name: pool.submit(evaluate_candidate, REF, code, EvalConfig(**CPU, **overrides))
@@ -255,6 +262,15 @@ def test_write_outside_workdir_fails_and_leaves_nothing(failing_verdicts, escape
     assert verdict.status is not Status.PASS
     assert not escape_path.exists()
     assert escape_path.parent.is_dir()  # the directory was there to write into
+
+
+@pytest.mark.slow
+def test_a_candidate_cannot_remount_its_file_system_writable(failing_verdicts, escape_path):
+    verdict = failing_verdicts["remounts_then_writes"]
+    assert verdict.status is Status.RUNTIME_ERROR and "Read-only file system" in verdict.reason, verdict.reason
+    assert not escape_path.with_name("remounted.txt").exists()
+    if os.geteuid() == 0:
+        assert verdict.env.get("sandbox") == "full", verdict.env  # isolated, then every capability given up
 
 
 def test_the_judge_gets_no_secrets_from_the_environment():
