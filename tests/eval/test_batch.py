@@ -215,7 +215,7 @@ def test_a_run_in_another_precision_keeps_its_own_verdicts_baselines_and_audits(
                     "accepts": ["zeros"] if t.problem_id == 1 else [], "stochastic_ops": [], "cost": {"flops": 4, "bytes": 8}}
                 on_result(t, pool.envs[0], found)
 
-    def fake_eval_job(t, code, baselines, worker):
+    def fake_eval_job(t, code, baselines, worker, files=None):
         judged.append((worker.config.precision, t.problem_id, sorted(b["t_compile_ms"] for b in baselines.values())))
         return worker.env, Verdict(status=Status.PASS, level=t.level, problem_id=t.problem_id, name=t.name,
                                    timing_mode=worker.config.timing_mode, precision=worker.config.precision).finish()
