@@ -1,7 +1,7 @@
 """Where a flow runs its judges, and the Prefect slot that keeps two GPU flows off one device.
 
 Every flow that runs kernels (dataset filter, leaderboard eval, audit, agent rollouts, training)
-holds its device's global concurrency limit (`device-cuda-0`, `device-cpu`; limit 1) for as long as
+holds its GPU's global concurrency limit (`device-cuda-0`, ...; limit 1) for as long as
 it uses the device: a nightly leaderboard refresh waits for a rollout batch on the same GPU instead
 of timing next to it. The limit is created on first use, so a flow run outside `cudagym serve` holds
 it too. Inside a flow the judges also take the machine's GPU lock (`cudagym.eval.gpulock`), which
@@ -72,9 +72,15 @@ def ensure_device_limit(name: str) -> None:
 
 @contextlib.contextmanager
 def device_slot(device: str):
-    """Hold the device's one slot (waiting for it) while the block runs; inside a Prefect flow run."""
+    """Hold the device's one slot (waiting for it) while the block runs; inside a Prefect flow run.
+    A GPU only: CPU flows share the cores under the machine's CPU lock (`gpulock`), which already
+    keeps their timing apart, and a slot held by a killed CPU run would stall every CPU flow of the
+    server for a lease (a full test session once waited out its timeout on one)."""
     from prefect.concurrency.sync import concurrency
 
+    if resolve_device(device) == "cpu":
+        yield
+        return
     name = device_limit_name(device)
     ensure_device_limit(name)
     with concurrency(name, occupy=1, strict=True, lease_duration=DEVICE_SLOT_LEASE_S):
