@@ -263,11 +263,9 @@ def grep(env: "KernelEnv", args: dict) -> ToolResult:
     for rel in _walk(root, start):
         if include and not (_matches(rel, include) or fnmatch.fnmatchcase(Path(rel).name, include)):
             continue
-        try:  # a FIFO or device is skipped, never waited on
-            data = read_inside(root, root / rel, MAX_GREP_FILE_BYTES + 1)
+        try:  # a FIFO or device is skipped, never waited on; so is a file past the bound
+            data = read_inside(root, root / rel, MAX_GREP_FILE_BYTES)
         except WorkdirError:
-            continue
-        if len(data) > MAX_GREP_FILE_BYTES:
             continue
         if b"\0" in data[:4096]:
             continue  # binary

@@ -57,6 +57,10 @@ class WorkdirError(ValueError):
     """A path the agent may not use, or a candidate that cannot be sent to the judge (one line)."""
 
 
+class FileTooBig(WorkdirError):
+    """A workdir file past the bytes a reader takes (`read_inside`)."""
+
+
 FIRST_UID, N_UIDS = 200_000, 100_000
 _CLAIMED: set[int] = set()  # uids of this process's live environments
 _CLAIM_LOCK = threading.Lock()
@@ -188,10 +192,12 @@ def read_inside(root: Path, path: Path, max_bytes: int | None = None) -> bytes:
     """The bytes of regular file `path` under `root` (see _open_inside); WorkdirError past max_bytes."""
     fd = _open_inside(root, path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if max_bytes is not None and size > max_bytes:
-            raise WorkdirError(f"{path.relative_to(root)} has {size >> 10} KiB, more than {max_bytes >> 10} KiB")
-        return f.read() if max_bytes is None else f.read(max_bytes + 1)[:max_bytes]
+        if max_bytes is None:
+            return f.read()
+        data = f.read(max_bytes + 1)  # the file may grow while it is read: never take more than the bound
+        if len(data) > max_bytes:
+            raise FileTooBig(f"{path.relative_to(root)} has more than {max_bytes >> 10} KiB")
+        return data
 
 
 def write_inside(root: Path, path: Path, text: str) -> None:
@@ -230,10 +236,10 @@ def candidate_sources(workdir: Path) -> tuple[str, dict[str, str], list[str]]:
             else:
                 try:  # a huge file is never read past the budget; a FIFO or a swapped link is not read at all
                     data = read_inside(root, path, budget)
+                except FileTooBig:
+                    raise WorkdirError(f"model_new.py and kernels/ hold more than {MAX_CANDIDATE_BYTES >> 10} KiB; "
+                                       "that much does not go to the judge") from None
                 except WorkdirError as e:
-                    if "KiB" in str(e):
-                        raise WorkdirError(f"model_new.py and kernels/ hold more than {MAX_CANDIDATE_BYTES >> 10} KiB; "
-                                           "that much does not go to the judge") from None
                     left_out.append(f"{rel} ({str(e).split(': ', 1)[-1]})")
                     continue
                 except OSError as e:

@@ -32,6 +32,7 @@ def pseudo_fs(mount: str) -> bool:
 def load_libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     return libc
 
 
@@ -44,7 +45,6 @@ def check_rc(rc: int, what: str) -> None:
 def _confine_and_exec(spec: dict, argv: list[str]) -> None:
     """Set up (the steps are listed in sandbox.py above `Confinement`), fork pid 1, wait, pass its status on."""
     libc = load_libc()
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     if os.geteuid() != 0:
         # An unprivileged launcher would need a user namespace for the mounts, and one entered after
         # them to lock them; not built: fail closed rather than run with less than promised.

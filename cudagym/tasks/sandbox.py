@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cudagym.tasks.confine import (CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER, CONFINE_FAILED, CONFINE_PREFIX,  # noqa: F401
-                                   MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, check_rc, load_libc,
-                                   pseudo_fs)
+                                   MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, PR_SET_NO_NEW_PRIVS, check_rc,
+                                   load_libc, pseudo_fs)
 
 
 def _enter_namespaces(libc) -> None:
@@ -65,7 +65,7 @@ def isolate(workdir: str | Path, writable: list[str | Path] = ()) -> str:
         return f"partial: {e.strerror or e}"
 
 
-PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 24, 28, 38
+PR_CAPBSET_DROP, PR_SET_SECUREBITS = 24, 28
 # uid 0 gains no capability by exec, and none can be raised again (the bits are locked)
 SECUREBITS_NO_ROOT = sum(1 << b for b in (0, 1, 2, 3, 6, 7))  # NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE + locks
 CAPABILITY_VERSION_3 = 0x20080522
@@ -86,7 +86,6 @@ def drop_capabilities() -> str | None:
     another process's memory (CAP_SYS_PTRACE), or regain any of it by exec (no_new_privs, an empty
     bounding set, SECBIT_NOROOT). None when done, else why not (recorded as a partial sandbox)."""
     libc = load_libc()
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return "no_new_privs refused"
     try:

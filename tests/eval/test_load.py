@@ -2,7 +2,8 @@
 processes keep every core busy, and every caller of the judge takes the machine's device lock.
 
 The timer-tamper hacks run with the static checks off, so what rejects them is the runtime
-evidence (`timing.tamper_evidence`): the judge's wall clock and the candidate process's CPU time."""
+evidence (`timing.tamper_evidence`): the judge's wall clock, the candidate process's CPU time and its
+calling thread's, and the floor under which no call can report."""
 
 from __future__ import annotations
 
