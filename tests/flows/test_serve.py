@@ -140,6 +140,10 @@ def test_serve_registers_fires_reports_and_stops(prefect_client, serve_env, tmp_
         run = run_deployment("train/cudagym", timeout=180)
         assert run.state.is_failed() and run.state.message.startswith(NO_ROLLOUTS)
         assert len(run.state.message.splitlines()) == 1
+        # The run's state is final before its process has printed Prefect's traceback and exited; wait
+        # for that, or the traceback lands after SIGTERM and reads as the serve's own.
+        wait_for("the train run's process to print its end", lambda: "prefect.exceptions.FailedRun" in log.read_text(),
+                 timeout_s=120)
     finally:
         out = stop_serve(proc, log)
     assert "serving refresh_leaderboard/cudagym: every 15 s" in out
