@@ -48,10 +48,11 @@ demo: venv
 	mkdir -p out
 	$(BIN)/cudagym dataset build --out out/build --target $(DEMO_TARGET) --device cpu --parallel 2 $(DEMO_BUILD_ARGS)
 	$(BIN)/cudagym eval run examples/submission_cpu --problems examples/problems --device cpu --db $(DEMO_DB) --name example-cpu
-	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
-	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)
 	$(BIN)/cudagym agent rollout --tasks examples/problems --levels 1 --ids 1,4 --model scripted:honest --device cpu --parallel 2 --max-turns 10 --out out/agent
 	$(BIN)/cudagym agent show out/agent
+	$(BIN)/cudagym eval run out/agent/submission --problems examples/problems --levels 1 --device cpu --db $(DEMO_DB) --name agent-scripted
+	$(BIN)/cudagym leaderboard show --db $(DEMO_DB)
+	$(BIN)/cudagym leaderboard html --out out/leaderboard --db $(DEMO_DB)
 
 # Build and run artefacts; keeps the venv.
 clean:

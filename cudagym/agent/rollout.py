@@ -17,6 +17,8 @@ The submission folder OUT/submission/level{L}/{problem_id}_{name}.py holds, per 
 candidate of its best correct rollout (highest reward, then speedup over torch.compile), with its
 kernels/ files in the folder level{L}/{problem_id}_{name}/ beside it when it has any:
 `cudagym eval run OUT/submission --problems ...` judges it as it is (the same files as KernelEnv sends).
+Beside them, OUT/submission/trajectories/level{L}_{id}.html shows the best rollout of every problem,
+correct or not (cudagym.agent.pages); the leaderboard's HTML links each problem to its page.
 
 `run_agent_eval` is `run_rollouts` plus the leaderboard's metrics over the best rollout per problem
 (every selected problem counts; one without a correct rollout counts as failed).
@@ -42,6 +44,7 @@ from typing import Callable
 
 from cudagym.agent.client import ChatClient, ClientConfig, Sampling
 from cudagym.agent.loop import TOOL_FORMATS, Agent, LoopConfig
+from cudagym.agent.pages import write_trajectory_pages
 from cudagym.agent.store import RolloutRecorder, TrajectoryStore, settings_of
 from cudagym.tasks import Task, TaskError, load_task_set, parse_id_ranges
 
@@ -324,6 +327,8 @@ def run_rollouts(config: RolloutConfig, progress: Callable[[str], None] | None =
         wanted = {rollout_id(t, s) for t in tasks for s in range(config.n_samples)}
         rows = [row for row in store.rollouts() if row["rollout_id"] in wanted]
     n_submitted = write_submission(rows, out / SUBMISSION_DIR)
+    with TrajectoryStore(db, read_only=True) as store:  # the leaderboard links each problem to its page
+        write_trajectory_pages(store, best_rollouts(rows), out / SUBMISSION_DIR)
     finished = [r for r in rows if r["status"] == "finished"]
     rewards: dict[str, int] = {}
     stops: dict[str, int] = {}

@@ -24,7 +24,8 @@ from __future__ import annotations
 import html
 import math
 import re
-from dataclasses import dataclass, field
+import shutil
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -53,6 +54,7 @@ PAGE_COLUMNS = COLUMNS + (
 COMPARE_COLUMNS = COLUMNS + tuple(c for c in PAGE_COLUMNS if c[0] in ("geomean all vs eager", "degenerate left out"))
 LEVEL_COLORS = {1: "#1f77b4", 2: "#ff7f0e", 3: "#2ca02c", 4: "#d62728"}
 MISSING_REASON = "no verdict stored: no file for this problem, or the run has not reached it"
+TRAJECTORY_PAGES = "trajectories"  # a submission's folder of agent trajectory pages (cudagym.agent.pages)
 REASON_CHARS = 90  # a reason longer than this is cut on the page (the whole of it is in the tooltip)
 
 
@@ -99,6 +101,7 @@ class Entry:
     rows: tuple[ProblemRow, ...] = ()  # every problem of the entry, degenerate ones included, by (level, id)
     include_degenerate: bool = False
     env: dict = field(default_factory=dict)  # "gpu" / "torch" / "cuda" -> the values its verdicts name
+    trajectories: dict = field(default_factory=dict)  # (level, id) -> href of the agent's trajectory page (HTML)
 
     @property
     def name(self) -> str:
@@ -335,15 +338,41 @@ def _show_comparison(c: Comparison, console: Console) -> None:
 
 
 # -- HTML ---------------------------------------------------------------------------------------------
+def trajectory_page(level: int, problem_id: int) -> str:
+    """The file name of a problem's trajectory page in a submission's `trajectories/` folder."""
+    return f"level{level}_{problem_id}.html"
+
+
 def write_html(store: Store, out_dir: str | Path, include_degenerate: bool = False, compare: str | None = None) -> Path:
-    """Write a self-contained `index.html` (tables, inline SVG plots) into out_dir; return its path."""
-    entries = build_entries(store, include_degenerate)
-    pairs = comparisons(entries, compare)
+    """Write a self-contained `index.html` (tables, inline SVG plots) into out_dir; return its path.
+
+    A submission written by `cudagym agent rollout` holds `trajectories/level{L}_{id}.html`: those pages
+    are copied to out_dir/trajectories/<submission>/ and each problem's name links to its page."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    entries = [replace(e, trajectories=_copy_trajectory_pages(e, out_dir)) for e in build_entries(store, include_degenerate)]
+    pairs = comparisons(entries, compare)
     path = out_dir / "index.html"
     path.write_text(render_html(entries, pairs))
     return path
+
+
+def _copy_trajectory_pages(entry: Entry, out_dir: Path) -> dict:
+    """Copy the pages beside the entry's submission (if any) into out_dir; (level, id) -> relative href."""
+    source = Path(entry.submission.get("path") or "") / TRAJECTORY_PAGES
+    if not entry.submission.get("path") or not source.is_dir():
+        return {}
+    target = out_dir / TRAJECTORY_PAGES / _slug(entry.name)
+    links = {}
+    for row in entry.rows:
+        if row.level is None or row.problem_id is None:
+            continue
+        page = source / trajectory_page(row.level, row.problem_id)
+        if page.is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(page, target / page.name)
+            links[row.key] = f"{TRAJECTORY_PAGES}/{_slug(entry.name)}/{page.name}"
+    return links
 
 
 def render_html(entries: list[Entry], pairs: list[Comparison] = ()) -> str:
@@ -377,7 +406,9 @@ def _entry_html(entry: Entry, anchor: str) -> str:
     parts.append(speedup_svg(entry.results))
     parts.append(f"<details open><summary>Per-problem results ({len(entry.rows)} problems;"
                  " click a column to sort)</summary>")
-    parts.append(problem_table(entry.rows, entry.include_degenerate))
+    if entry.trajectories:
+        parts.append(f'<p class="sub">{len(entry.trajectories)} problem names link to the agent\'s trajectory.</p>')
+    parts.append(problem_table(entry.rows, entry.include_degenerate, entry.trajectories))
     parts.append("</details></section>")
     return "\n".join(parts)
 
@@ -396,8 +427,9 @@ PROBLEM_HEADERS = (
 )
 
 
-def problem_table(rows: list[ProblemRow] | tuple[ProblemRow, ...], include_degenerate: bool = False) -> str:
-    """The per-problem table (sortable by clicking a header)."""
+def problem_table(rows: list[ProblemRow] | tuple[ProblemRow, ...], include_degenerate: bool = False,
+                  links: dict | None = None) -> str:
+    """The per-problem table (sortable by clicking a header); `links`: (level, id) -> href for the name."""
     head = "".join(f'<th title="{_e(tip)}"{_TEXT_TH if h in _TEXT_HEADERS else ""}>{_e(h)}</th>'
                    for h, tip in PROBLEM_HEADERS)
     body = []
@@ -405,7 +437,7 @@ def problem_table(rows: list[ProblemRow] | tuple[ProblemRow, ...], include_degen
         cls = f"st-{_slug(r.status)}" + (" degen" if r.degenerate else "")
         cells = [_num_td(r.level, str(r.level) if r.level is not None else "-"),
                  _num_td(r.problem_id, str(r.problem_id) if r.problem_id is not None else "-"),
-                 f'<td class="name">{_name(r.name)}{_degen_badge(r.degenerate)}</td>',
+                 f'<td class="name">{_linked((links or {}).get(r.key), _name(r.name))}{_degen_badge(r.degenerate)}</td>',
                  f'<td class="status"><span class="st {_e(_slug(r.status))}">{_e(r.status)}</span></td>',
                  _reason_td(r.reason), _flags_td(r.flags, r.flag_details),
                  _num_td(r.t_eager_ms, _ms(r.t_eager_ms)), _num_td(r.t_compile_ms, _ms(r.t_compile_ms)),
@@ -736,6 +768,10 @@ def _x(value: float | None, digits: int = 0) -> str:
     if digits:
         return f"{value:.{digits}g}x"
     return f"{value:.2f}x" if value < 100 else f"{value:.0f}x"
+
+
+def _linked(href: str | None, inner: str) -> str:
+    return f'<a href="{_e(href)}" title="the agent\'s trajectory">{inner}</a>' if href else inner
 
 
 def _name(name: str) -> str:

@@ -11,6 +11,8 @@ ENV's tests (test_containment.py) cover the sandbox in depth; these cover the lo
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,12 @@ def test_honest_policy_earns_its_reward_from_the_judge(tmp_path):
     assert row["candidate_code"] == DIAG_MATMUL_KERNEL
     (submitted,) = (Path(summary["submission"]) / "level1").glob("*.py")
     assert submitted.name == "4_Diag_matmul.py" and submitted.read_text() == DIAG_MATMUL_KERNEL
+    # its trajectory page, which the leaderboard links the problem to: every call in order, the verdict
+    page = (Path(summary["submission"]) / "trajectories" / "level1_4.html").read_text()
+    names = re.findall(r"&rarr; <b>(\w+)</b>", page)
+    assert names == ["read_file", "write_file", "verify", "profile"]
+    assert f"<b>reward</b> {row['reward']}" in page and "status pass" in page
+    assert html.escape(DIAG_MATMUL_KERNEL[:80]) in page  # the kernel as the model wrote it
 
     # a second call finds the rollout finished and redoes nothing
     again = run_rollouts(config)

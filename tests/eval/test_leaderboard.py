@@ -293,3 +293,30 @@ def test_leaderboard_metrics_cli_include_degenerate(tmp_path, capsys):
                                                        full(2, "pass", t_ms=0.1, precision="kernelbench")]))
     assert cli.main(["leaderboard", "metrics", str(path), "--json"]) == 1
     assert "mix precisions" in capsys.readouterr().err
+
+
+def test_problem_names_link_to_the_agent_trajectory_pages_beside_the_submission(tmp_path, monkeypatch):
+    # An agent's submission folder holds trajectories/level{L}_{id}.html (cudagym.agent.pages) for the
+    # problems it tried, the missing ones included; the page copies them and links each name to its page.
+    monkeypatch.setattr(leaderboard, "expected_problems", lambda kb_version, levels: [(1, pid) for pid in range(1, 4)])
+    submission = tmp_path / "agent-submission"
+    pages = submission / leaderboard.TRAJECTORY_PAGES
+    pages.mkdir(parents=True)
+    for pid in (1, 3):  # problem 2 has no page; problem 3 has no verdict (missing) but a failed rollout's page
+        (pages / leaderboard.trajectory_page(1, pid)).write_text(f"<html>trajectory of problem {pid}</html>")
+    with Store(tmp_path / "lb.duckdb") as store:
+        store.add_submission("agent one", str(submission), "strict", levels=[1], kb_version="v0.1")
+        store.add_submission("by hand", str(tmp_path / "no-pages"), "strict", levels=[1], kb_version="v0.1")
+        for name in ("agent one", "by hand"):
+            store.add_verdict(name, full(1, "pass", t_ms=0.5))
+            store.add_verdict(name, full(2, "incorrect"))
+        site = tmp_path / "site"
+        page = leaderboard.write_html(store, site).read_text()
+    links = {pid: re.findall(r'<a href="([^"]+)" title="the agent', row_html(page, "e-agent-one-strict-strict", pid))
+             for pid in (1, 2, 3)}
+    assert links == {1: ["trajectories/agent-one/level1_1.html"], 2: [], 3: ["trajectories/agent-one/level1_3.html"]}
+    for pid in (1, 3):
+        assert (site / links[pid][0]).read_text() == f"<html>trajectory of problem {pid}</html>"
+    assert cells(row_html(page, "e-agent-one-strict-strict", 1))[2] == "1_Problem"  # the link keeps the name
+    by_hand = "".join(row_html(page, "e-by-hand-strict-strict", pid) for pid in (1, 2, 3))
+    assert 'title="the agent' not in by_hand and not (site / "trajectories" / "by-hand").exists()
