@@ -19,7 +19,8 @@ written by the environment) and a reward. This loop fills those from cudagym's o
   rebuilds tokens from stored text.
 
 Select it with `actor_rollout_ref.rollout.agent.default_agent_loop=cudagym_agent`, or per row with
-the dataset column `agent_name`. Rows carry the task in `extra_info["cudagym_task"]` (`dataset_row`
+the dataset column `agent_name`; verl's workers find it through the packaged verl_agent_loop.yaml
+(`actor_rollout_ref.rollout.agent.agent_loop_config_path`). Rows carry the task in `extra_info["cudagym_task"]` (`dataset_row`
 writes one); the row's prompt is not used: the environment writes the system and task prompts.
 Settings (all optional) come from a `cudagym` section of verl's config (`+cudagym.env.device=cuda`):
 `env` (EnvConfig fields), `loop` (LoopConfig's max_turns, wall_s, max_invalid_calls; max_turns

@@ -26,6 +26,9 @@ from cudagym.agent.loop import TEXT_TOOLS_PROMPT
 from cudagym.tasks import task_from_file
 from cudagym.train.verl_loop import AGENT_NAME, CudagymAgentLoop, dataset_row
 
+# the packaged agent-loop YAML (actor_rollout_ref.rollout.agent.agent_loop_config_path), as verl's worker loads it
+(LOOP_ENTRY,) = OmegaConf.load(Path(__file__).resolve().parents[2] / "cudagym" / "train" / "verl_agent_loop.yaml")
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TASK = FIXTURES / "problems" / "add_scale.py"
 HONEST_KERNEL = (FIXTURES / "honest" / "add_scale_cpp.py").read_text()  # a C++ kernel the judge passes
@@ -64,12 +67,15 @@ def make_loop(tokenizer, source: ScriptedTokenSource, tmp_path: Path) -> Cudagym
         "data": {"apply_chat_template_kwargs": {}},
         "cudagym": {"env": ENV, "workdirs": str(tmp_path / "workdirs")},
     })
-    # as AgentLoopWorker._run_agent_loop; SmolLM2's template is ChatML like Qwen2's, so verl's Qwen
-    # builder (a newline after <|im_end|> before the next message) is the right one
-    return hydra.utils.instantiate(config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config),
+    # as AgentLoopWorker._run_agent_loop, from the YAML's entry; SmolLM2's template is ChatML like
+    # Qwen2's, so verl's Qwen builder (a newline after <|im_end|> before the next message) is the right one
+    assert LOOP_ENTRY.name == AGENT_NAME and _agent_loop_registry[AGENT_NAME]["_target_"] == LOOP_ENTRY._target_
+    loop = hydra.utils.instantiate(config=LOOP_ENTRY, trainer_config=DictConfigWrap(config),
                                    server_manager=source, tokenizer=tokenizer, processor=None, hf_model_type="qwen2",
                                    dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
                                    tools=ToolListWrap([]))
+    assert type(loop) is CudagymAgentLoop
+    return loop
 
 
 def expected_prompt(tokenizer, tmp_path: Path) -> list[int]:
@@ -159,11 +165,12 @@ def test_wrong_kernel_gets_the_judges_minus_one(smollm2_tokenizer, tmp_path):
 
 def test_max_assistant_turns_ends_the_episode_on_a_model_turn(smollm2_tokenizer, tmp_path):
     """verl's multi_turn.max_assistant_turns is the loop's max_turns: the fifth reply's tool call
-    runs (the workdir changes) but its output is never appended, so the response ends with model tokens."""
+    runs (as in a cudagym rollout) but its output is never appended, so the response ends with model tokens."""
     tok = smollm2_tokenizer
     source = ScriptedTokenSource(tok, [tool_call("bash", command=f"echo turn {k}") for k in range(6)])
     out = run(tok, source, tmp_path)
     assert len(source.prompts) == 5 and out.extra_fields["cudagym_stop_reason"] == "max_turns"
+    assert [c["ok"] for c in out.extra_fields["cudagym_tool_calls"]] == [True] * 5
     segments = split(source, out.prompt_ids)
     assert out.response_mask == [mask for ids, mask in segments for _ in ids]
     assert out.response_ids[-len(source.replies[4]):] == source.replies[4] and out.response_mask[-1] == 1
