@@ -93,7 +93,15 @@ class VerlTokenClient:
     async def chat(self, messages: list[dict], tools, sampling: Sampling) -> Reply | ClientError:
         loop = self.agent_loop
         if not self.seen:
-            self.prompt_ids = await loop.ct_build_initial_tokens(messages)
+            # verl's ct_build_initial_tokens would left-truncate a long prompt: here that cuts the system
+            # prompt (the instructions and the tool list), so a prompt that does not fit is refused
+            prompt_ids = await asyncio.get_running_loop().run_in_executor(
+                None, loop.continuous_token_builder.build_initial_tokens, messages)
+            limit = loop.rollout_config.prompt_length
+            if len(prompt_ids) > limit:
+                raise ValueError(f"{AGENT_NAME}: the system and task prompts take {len(prompt_ids)} tokens, more "
+                                 f"than actor_rollout_ref.rollout.prompt_length={limit}; raise it")
+            self.prompt_ids = prompt_ids
             self.token_ids = list(self.prompt_ids)
         else:
             # Only messages after those already tokenized are new: the loop's copy of earlier ones is

@@ -32,9 +32,9 @@ from cudagym.train.verl_loop import AGENT_NAME, CudagymAgentLoop, dataset_row
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TASK = FIXTURES / "problems" / "add_scale.py"
 HONEST_KERNEL = (FIXTURES / "honest" / "add_scale_cpp.py").read_text()  # a C++ kernel the judge passes
-# ModelNew computes x * 3 + y (the task is x * 2 + y), with torch ops the strict op policy refuses anyway
-WRONG_KERNEL = ("import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
-                "    def forward(self, x, y):\n        return x * 3 + y\n")
+# ModelNew returns x (the task is x * 2 + y): no op the policy refuses, just wrong outputs
+WRONG_KERNEL = ("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                "    def forward(self, x, y):\n        return x\n")
 ENV = {"compile_baseline": False, "n_checks": 2}  # torch.compile on the CPU would take minutes
 LOGPROB = -0.5  # every scripted token's log-prob: model tokens must carry it, tool tokens 0
 
@@ -59,9 +59,9 @@ class ScriptedTokenSource:
         return TokenOutput(token_ids=ids, log_probs=[LOGPROB] * len(ids), stop_reason="completed")
 
 
-def make_loop(tokenizer, source: ScriptedTokenSource, tmp_path: Path) -> CudagymAgentLoop:
+def make_loop(tokenizer, source: ScriptedTokenSource, tmp_path: Path, prompt_length: int = 4096) -> CudagymAgentLoop:
     config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 4096,
+        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": 4096,
                                           "multi_turn": {"max_assistant_turns": 5}},
                               "model": {"path": "unused"}},
         "data": {"apply_chat_template_kwargs": {}},
@@ -91,12 +91,12 @@ def expected_prompt(tokenizer, tmp_path: Path) -> list[int]:
     return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
 
 
-def run(tokenizer, source: ScriptedTokenSource, tmp_path: Path):
+def run(tokenizer, source: ScriptedTokenSource, tmp_path: Path, prompt_length: int = 4096):
     """One episode; the loop is made inside the running event loop, as verl's worker makes it (the
     base class keeps the loop it was made in for its tokenizer calls)."""
     async def episode():
         row = dataset_row(task_from_file(TASK))  # the row's fields reach run() as verl passes them
-        return await make_loop(tokenizer, source, tmp_path).run({"temperature": 1.0}, **row)
+        return await make_loop(tokenizer, source, tmp_path, prompt_length).run({"temperature": 1.0}, **row)
 
     return asyncio.run(episode())
 
@@ -160,7 +160,7 @@ def test_wrong_kernel_gets_the_judges_minus_one(smollm2_tokenizer, tmp_path):
     assert out.response_mask == [mask for ids, mask in segments for _ in ids]
     assert out.num_turns == 1 + 2 + 1
     verdict = out.extra_fields["cudagym_verdict"]
-    assert verdict["status"] != "pass" and out.reward_score == verdict["reward"] == -1
+    assert verdict["status"] == "incorrect" and out.reward_score == verdict["reward"] == -1
 
 
 def test_max_assistant_turns_ends_the_episode_on_a_model_turn(smollm2_tokenizer, tmp_path):
@@ -176,3 +176,11 @@ def test_max_assistant_turns_ends_the_episode_on_a_model_turn(smollm2_tokenizer,
     assert out.response_ids[-len(source.replies[4]):] == source.replies[4] and out.response_mask[-1] == 1
     assert "turn 3" in tok.decode(segments[-2][0])  # the 4th call's output, before the 5th reply
     assert out.reward_score == -1  # model_new.py is still the reference: the op policy rejects it
+
+
+def test_a_prompt_longer_than_prompt_length_is_refused_not_cut(smollm2_tokenizer, tmp_path):
+    """verl would keep the prompt's last prompt_length tokens, dropping the start of the system prompt."""
+    source = ScriptedTokenSource(smollm2_tokenizer, ["Done."])
+    with pytest.raises(ValueError, match=r"prompts take 1519 tokens, more than actor_rollout_ref.rollout.prompt_length=1000"):
+        run(smollm2_tokenizer, source, tmp_path, prompt_length=1000)
+    assert source.prompts == [] and not any(Path(tmp_path / "workdirs").iterdir())
