@@ -28,10 +28,11 @@ defaults to `multi_turn.max_assistant_turns` when that is set) and `workdirs` (w
 default the system temp folder). A workdir is removed once the rollout is judged.
 
 The episode ends as the loop ends it (an answer without a tool call, max_turns, invalid calls, wall
-time), or when the response reaches `rollout.response_length` (stop reason `context_budget`; the
-response is cut to that length as ToolAgentLoop cuts it). Tool outputs of the last reply are never
-appended (the loop stops before the next query), so the response ends with model tokens and verl's
-reward, which it puts on the last response token, lands on a model token.
+time), or, as in ToolAgentLoop, when a reply brings the response to `rollout.response_length` (its
+tool calls are not run; the response is cut to that length) or tool outputs would (they are not
+appended): stop reason `context_budget`. Tool outputs of the last reply are never appended, so the
+response ends with model tokens and verl's reward, which it puts on the last response token, lands
+on a model token.
 
 verl is imported here only; nothing in cudagym imports this module at import time. Exercised on the
 CPU with a scripted token source in place of the inference server (tests/train/test_verl_loop.py);
@@ -103,16 +104,19 @@ class VerlTokenClient:
                                  f"than actor_rollout_ref.rollout.prompt_length={limit}; raise it")
             self.prompt_ids = prompt_ids
             self.token_ids = list(self.prompt_ids)
+            self.seen = list(messages)
         else:
             # Only messages after those already tokenized are new: the loop's copy of earlier ones is
             # not read again (the token stream is what the model saw).
             new = messages[len(self.seen):]
-            merged, self.response_mask, logprobs = await loop.ct_merge_context_msg(
+            merged, mask, logprobs = await loop.ct_merge_context_msg(
                 self.seen, self.seen + new, self.token_ids, self.response_mask, self.response_logprobs or None)
-            self.token_ids = merged.token_ids
-            self.response_logprobs = logprobs or []
+            if len(mask) >= self.response_length:
+                # as ToolAgentLoop: outputs that would fill the response end the episode, not appended
+                raise Terminating("context_budget", f"tool outputs would take the response past {self.response_length} tokens")
+            self.token_ids, self.response_mask, self.response_logprobs = merged.token_ids, mask, logprobs or []
+            self.seen += new
             self.context_turns += len(new)
-        self.seen = list(messages)
         start = time.monotonic()
         output = await loop.server_manager.generate(request_id=self.request_id, prompt_ids=self.token_ids,
                                                     sampling_params=self.sampling_params)

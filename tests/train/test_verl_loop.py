@@ -59,9 +59,10 @@ class ScriptedTokenSource:
         return TokenOutput(token_ids=ids, log_probs=[LOGPROB] * len(ids), stop_reason="completed")
 
 
-def make_loop(tokenizer, source: ScriptedTokenSource, tmp_path: Path, prompt_length: int = 4096) -> CudagymAgentLoop:
+def make_loop(tokenizer, source: ScriptedTokenSource, tmp_path: Path, prompt_length: int = 4096,
+              response_length: int = 4096) -> CudagymAgentLoop:
     config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": 4096,
+        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length,
                                           "multi_turn": {"max_assistant_turns": 5}},
                               "model": {"path": "unused"}},
         "data": {"apply_chat_template_kwargs": {}},
@@ -91,12 +92,13 @@ def expected_prompt(tokenizer, tmp_path: Path) -> list[int]:
     return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
 
 
-def run(tokenizer, source: ScriptedTokenSource, tmp_path: Path, prompt_length: int = 4096):
+def run(tokenizer, source: ScriptedTokenSource, tmp_path: Path, prompt_length: int = 4096, response_length: int = 4096):
     """One episode; the loop is made inside the running event loop, as verl's worker makes it (the
     base class keeps the loop it was made in for its tokenizer calls)."""
     async def episode():
         row = dataset_row(task_from_file(TASK))  # the row's fields reach run() as verl passes them
-        return await make_loop(tokenizer, source, tmp_path, prompt_length).run({"temperature": 1.0}, **row)
+        loop = make_loop(tokenizer, source, tmp_path, prompt_length, response_length)
+        return await loop.run({"temperature": 1.0}, **row)
 
     return asyncio.run(episode())
 
@@ -184,3 +186,14 @@ def test_a_prompt_longer_than_prompt_length_is_refused_not_cut(smollm2_tokenizer
     with pytest.raises(ValueError, match=r"prompts take 1519 tokens, more than actor_rollout_ref.rollout.prompt_length=1000"):
         run(smollm2_tokenizer, source, tmp_path, prompt_length=1000)
     assert source.prompts == [] and not any(Path(tmp_path / "workdirs").iterdir())
+
+
+def test_tool_output_that_would_fill_the_response_ends_the_episode_unappended(smollm2_tokenizer, tmp_path):
+    """As verl's ToolAgentLoop: a tool output that would take the response to response_length is not
+    appended and the model is not queried again; the response is the first reply alone."""
+    tok = smollm2_tokenizer
+    source = ScriptedTokenSource(tok, [tool_call("bash", command="seq 1 400"), "Done."])
+    out = run(tok, source, tmp_path, response_length=200)
+    assert len(source.prompts) == 1 and out.extra_fields["cudagym_stop_reason"] == "context_budget"
+    assert out.response_ids == source.replies[0] and out.response_mask == [1] * len(source.replies[0])
+    assert out.extra_fields["cudagym_tool_calls"] == [{"name": "bash", "ok": True, "valid": True}]
