@@ -756,7 +756,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bl = sub.add_parser("baseline", help="eager and torch.compile baselines").add_subparsers(dest="sub", required=True,
                                                                                              parser_class=_Parser)
-    blr = bl.add_parser("run", help="time and cache the baselines")
+    blr = bl.add_parser("run", help="time and cache the baselines",
+                        description="Time eager and torch.compile for every selected problem not cached yet. Timing"
+                                    " starts with the first compiled problem while the others compile; each"
+                                    " baseline is stored as soon as it is timed, so a stopped run keeps them and a"
+                                    " rerun times only the rest. Progress on stderr: problems compiled, timed,"
+                                    " stored and an ETA.")
     blr.add_argument("--db", default=DEFAULT_DB)
     blr.add_argument("--json", action="store_true")
     _add_parallel(blr)
