@@ -5,13 +5,16 @@ stopped partway by Ctrl-C or killed outright; no timing is asserted (that belong
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -62,6 +65,7 @@ def test_a_stopped_baseline_run_keeps_every_baseline_timed_and_a_rerun_times_onl
         shutil.copy(REPO / "examples" / "problems" / name, problems / name)
     db = tmp_path / "baselines.duckdb"
     n = len(PROBLEMS)
+    started = time.time()
 
     mark = uuid.uuid4().hex
     run = _start(problems, db, mark)
@@ -103,3 +107,27 @@ def test_a_stopped_baseline_run_keeps_every_baseline_timed_and_a_rerun_times_onl
     with Store(db) as store:
         now = dict(store.sql("SELECT problem_sha256, created FROM baselines"))
     assert len(now) == n and all(now[sha] == created for sha, created in kept.items())  # the kept ones not timed again
+    if stop == signal.SIGINT:  # the portable compile cache: the judges saved their compiles; export, then import
+        _carry_the_compile_cache(tmp_path, started)
+
+
+def _carry_the_compile_cache(tmp_path: Path, started: float) -> None:
+    """The run's judges left their compile artifacts beside the inductor cache; `baseline cache export`
+    bundles them and `import` loads every graph of the bundle into another machine's (here: folder's) cache."""
+    from cudagym.eval.compile_cache import artifacts_dir
+
+    assert any(p.stat().st_mtime >= started - 1 for p in artifacts_dir().glob("*.bin"))  # saved (or used) by this run
+    bundle = tmp_path / "compile-cache.zip"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "cudagym", "baseline", "cache", "export", str(bundle)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and bundle.is_file(), done.stderr
+    elsewhere = tmp_path / "new-machine"
+    done = subprocess.run([sys.executable, "-m", "cudagym", "baseline", "cache", "import", str(bundle)],
+                          env=dict(env, TORCHINDUCTOR_CACHE_DIR=str(elsewhere / "inductor"),
+                                   TRITON_CACHE_DIR=str(elsewhere / "triton")),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(bundle) as z:
+        graphs = [key for entry in json.loads(z.read("manifest.json"))["artifacts"] for key in entry["keys"].get("inductor", [])]
+    assert graphs and all(list(elsewhere.rglob(key)) for key in graphs)
