@@ -291,9 +291,11 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
         jobs += [(("compile", c), partial(reference_job, c, "warm", skip(c), on_task=compiled if in_process else None,
                                           done=results if in_process else ()))
                  for c in ahead]
-        if jobs:
-            pool.run(jobs, record, f"baselines: {len(shares)} timing, {len(ahead)} compile jobs", len(jobs))
-        meter.finish()
+        try:
+            if jobs:
+                pool.run(jobs, record, f"baselines: {len(shares)} timing, {len(ahead)} compile jobs", len(jobs))
+        finally:  # stopped too: the last line says how far it got
+            meter.finish()
         env = pool.envs[0]
     for task in tasks:
         results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode, config.precision)) or {})

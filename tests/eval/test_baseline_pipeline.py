@@ -91,8 +91,8 @@ def test_a_stopped_baseline_run_keeps_every_baseline_timed_and_a_rerun_times_onl
     assert re.fullmatch(r"\d+:\d\d:\d\d", first_stored[5]), first_stored  # an ETA once one is timed
     stored_before_stop = max(p[3] for p in progress)
     assert run.returncode != 0 and stored_before_stop < n, seen  # stopped partway
-    if stop == signal.SIGINT:  # stopped by Ctrl-C: a line, not a traceback
-        assert not any("Traceback" in line for line in seen), seen
+    if stop == signal.SIGINT:  # stopped by Ctrl-C: the last progress line says so, and no traceback
+        assert progress[-1][6] == "stopped" and not any("Traceback" in line for line in seen), seen
 
     with Store(db) as store:
         kept = dict(store.sql("SELECT problem_sha256, created FROM baselines"))
