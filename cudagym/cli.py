@@ -191,6 +191,23 @@ def cmd_baseline_run(args) -> int:
     return 0
 
 
+def cmd_baseline_cache_export(args) -> int:
+    from cudagym.eval.compile_cache import export_cache
+
+    done = export_cache(args.file)
+    print(f"{args.file}: {done['artifacts']} artifact files, {done['keys']} compiled graphs, {done['bytes'] / 1e6:.1f} MB")
+    return 0
+
+
+def cmd_baseline_cache_import(args) -> int:
+    from cudagym.eval.compile_cache import artifacts_dir, import_cache
+
+    done = import_cache(args.file)
+    print(f"{args.file}: {done['artifacts']} artifact files ({done['keys']} compiled graphs) loaded into"
+          f" {artifacts_dir().parent}")
+    return 0
+
+
 def cmd_audit(args) -> int:
     from cudagym.eval.batch import run_audit
 
@@ -759,13 +776,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     bl = sub.add_parser("baseline", help="eager and torch.compile baselines").add_subparsers(dest="sub", required=True,
                                                                                              parser_class=_Parser)
-    blr = bl.add_parser("run", help="time and cache the baselines")
+    blr = bl.add_parser("run", help="time and cache the baselines",
+                        description="Time eager and torch.compile for every selected problem not cached yet. Timing"
+                                    " starts with the first compiled problem while the others compile; each"
+                                    " baseline is stored as soon as it is timed, so a stopped run keeps them and a"
+                                    " rerun times only the rest. Progress on stderr: problems compiled, timed,"
+                                    " stored and an ETA.")
     blr.add_argument("--db", default=DEFAULT_DB)
     blr.add_argument("--json", action="store_true")
     _add_parallel(blr)
     _add_selection(blr)
     _add_eval_options(blr)
     blr.set_defaults(func=cmd_baseline_run)
+    blc = bl.add_parser("cache", help="carry the torch.compile cache to another machine").add_subparsers(
+        dest="cache", required=True, parser_class=_Parser)
+    bce = blc.add_parser("export", help="bundle what baseline runs compiled here into FILE",
+                         description="Bundle the torch.compile artifacts baseline judges saved here (this torch"
+                                     " version) into FILE, for `cudagym baseline cache import` on a new machine"
+                                     " of the same GPU, torch and CUDA.")
+    bce.add_argument("file")
+    bce.set_defaults(func=cmd_baseline_cache_export)
+    bci = blc.add_parser("import", help="load a bundle from `baseline cache export` into this machine's caches",
+                         description="Load FILE into the inductor and Triton caches the judges use, so the next"
+                                     " `cudagym baseline run` finds its compiles there.")
+    bci.add_argument("file")
+    bci.set_defaults(func=cmd_baseline_cache_import)
 
     au = sub.add_parser("audit", help="degenerate-answer probes").add_subparsers(dest="sub", required=True, parser_class=_Parser)
     auk = au.add_parser("kernelbench", help="which problems accept zeros / constant / passthrough / ...")

@@ -1,9 +1,10 @@
 """Many problems at once: a submission's eval, the baselines, the degenerate-problem audit.
 
 Judges run concurrently (`parallel` processes): building extensions and torch.compile use all CPU
-cores, while the GPU readers-writer lock keeps timing exclusive. The calling thread is the only
-DuckDB writer; every result is stored the moment it arrives, so a killed run resumes where it
-stopped.
+cores, while the GPU readers-writer lock keeps timing exclusive. Every result is stored the moment
+it arrives, so a killed run resumes where it stopped: by the calling thread, except a baseline run's
+(`run_baselines`), whose judges' threads store each baseline as their judge writes it (one Store,
+each write on its own cursor).
 
 Where judges run is the runner's business (`open_pool`): `local` is threads on this
 machine (`cudagym.eval.pool`); `ray` is one worker per GPU of a Ray cluster
@@ -19,10 +20,14 @@ check cannot tell a real kernel from a trivial one (`degenerate`, with the probl
 
 from __future__ import annotations
 
+import datetime
 import re
+import sys
+import threading
+import time
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Container
 
 from cudagym.eval.checks import Tolerance, degenerate_reason
 from cudagym.eval.evaluate import CANDIDATE_FILE_SUFFIXES, EvalConfig, evaluate_candidate, run_reference_jobs
@@ -115,11 +120,17 @@ def _eval_job(task: Task, candidate_code: str, baselines: dict[BaselineKey, dict
     return worker.env, verdict
 
 
-def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], worker: Worker) -> tuple[dict, dict[str, dict]]:
+def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], worker: Worker,
+                  on_task: Callable[[Task, dict, dict], None] | None = None,
+                  done: Container[str] = ()) -> tuple[dict, dict[str, dict]]:
     """Reference runs (mode baseline, warm, audit or filter) of a few tasks in one judge, leaving out tasks
-    whose baseline the worker's machine has already; (machine, {task.id: result})."""
-    todo = [t for t in tasks if baseline_key(t, worker.env, worker.config.timing_mode, worker.config.precision) not in skip]
-    results = run_reference_jobs(todo, mode, worker.config) if todo else []
+    whose baseline the worker's machine has already and those whose id is in `done` when the job starts;
+    (machine, {task.id: result}). on_task(task, machine, result): each task as its judge finishes it
+    (local pools only: it runs in the job's thread)."""
+    todo = [t for t in tasks if t.id not in done
+            and baseline_key(t, worker.env, worker.config.timing_mode, worker.config.precision) not in skip]
+    streamed = (lambda i, result: on_task(todo[i], worker.env, result)) if on_task else None
+    results = run_reference_jobs(todo, mode, worker.config, on_result=streamed) if todo else []
     return worker.env, {t.id: r for t, r in zip(todo, results) if r is not None}  # None: stopped before it ran
 
 
@@ -138,6 +149,12 @@ def timing_shares(tasks: list[Task], pool, parallel: int) -> list[list[Task]]:
     timing is serial on a GPU, so more judges only wait, and one judge per task would pay compiler
     start-up (~10 s, under the shared lock, holding up the judge waiting to time) per task."""
     return strided(tasks, pool.n_workers * min(parallel, TIMING_JUDGES_PER_GPU))
+
+
+def baseline_timers(parallel: int) -> int:
+    """Timing judges per GPU in a baseline run: at most TIMING_JUDGES_PER_GPU and half the judges,
+    the rest compiling ahead of them (one judge: it compiles and times in turn)."""
+    return max(1, min(TIMING_JUDGES_PER_GPU, parallel // 2))
 
 
 def dispatch_reference(tasks: list[Task], mode: str, on_result: Callable[[Task, dict, dict], None], config: EvalConfig,
@@ -217,38 +234,119 @@ def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, 
 
 
 def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1,
-                  chunk: int = 4, runner: str = "local", address: str | None = None) -> dict[str, dict]:
+                  chunk: int = 4, runner: str = "local", address: str | None = None,
+                  progress: "BaselineProgress | None" = None) -> dict[str, dict]:
     """Time eager and torch.compile for every task not cached yet for the workers' machines (a
-    cluster of one GPU model times each task once); returns {task.id: record}."""
-    results: dict[str, dict] = {}
+    cluster of one GPU model times each task once); returns {task.id: record}.
 
-    def record_chunk(chunk_tasks: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
-        env, by_id = result
-        for task in chunk_tasks:
-            if task.id in by_id:
-                results[task.id] = by_id[task.id]
-                if by_id[task.id].get("t_eager_ms") is not None:
-                    store.put_baseline(baseline_key(task, env, config.timing_mode, config.precision), by_id[task.id])
+    One pipeline: a few long-lived timing judges per GPU (`baseline_timers`, each with its strided
+    share of every level, `strided`) build, compile and time their tasks in order, the GPU held alone
+    while they time; the other judges compile the tasks after each timing judge's first, `chunk` per
+    judge, in that same order, so the timing judges mostly find their compiles in the inductor and
+    Triton caches. Timing starts with the first compiled problem and runs while the rest compile.
+    Each baseline is stored the moment its judge writes it (local runner; with Ray, when its judge's
+    job returns), so a stopped run keeps every baseline already timed and a rerun times only the
+    rest. `progress` (default: lines on stderr) hears of every compile and timing."""
+    results: dict[str, dict] = {}
+    warmed: set[str] = set()
+    lock = threading.Lock()
 
     with open_pool(config, parallel, runner, address) as pool:
         keys = {t.id: [baseline_key(t, env, config.timing_mode, config.precision) for env in pool.envs] for t in tasks}
         cached = {key for t in tasks for key in keys[t.id] if store.get_baseline(key) is not None}
         todo = [t for t in tasks if not cached.issuperset(keys[t.id])]
         skip = partial(_cached_keys, keys=keys, cached=cached)
-        # Phase 1 fills the inductor and Triton caches with every judge compiling at once (nothing is
-        # timed, so they may share the GPU); a few tasks per judge balance the cores. Phase 2 times
-        # with the GPU held exclusively, its compiles now cache hits, on a few long-lived judges per
-        # GPU (`timing_shares`: one times while the others prepare, each with its part of every level).
-        warm = chunks_of(todo, chunk)
-        pool.run(((c, partial(reference_job, c, "warm", skip(c))) for c in warm), lambda c, r: None,
-                 f"compile, {chunk} problems per judge", len(warm))
-        timed = timing_shares(todo, pool, parallel)
-        pool.run(((c, partial(reference_job, c, "baseline", skip(c))) for c in timed), record_chunk,
-                 f"time, {len(timed)} judges", len(timed))
+        meter = progress or BaselineProgress()
+        meter.start(len(todo), len(tasks) - len(todo))
+
+        def timed(task: Task, env: dict, result: dict) -> None:
+            with lock:  # judges' threads report at once; the Store is shared by threads, each on its cursor
+                if task.id in results:
+                    return
+                results[task.id] = result
+                stored = result.get("t_eager_ms") is not None
+                if stored:
+                    store.put_baseline(baseline_key(task, env, config.timing_mode, config.precision), result)
+                meter.timed(task, result, stored)
+
+        def compiled(task: Task, env: dict, result: dict) -> None:
+            with lock:
+                if task.id not in warmed:  # a job's end repeats what its judge reported
+                    warmed.add(task.id)
+                    meter.compiled(task, result)
+
+        def record(job: tuple[str, list[Task]], result: tuple[dict, dict[str, dict]]) -> None:
+            """A job's end: its tasks not reported yet (a Ray job's, or all when streaming is off)."""
+            (stage, share), (env, by_id) = job, result
+            for task in share:
+                if task.id in by_id:
+                    (timed if stage == "time" else compiled)(task, env, by_id[task.id])
+
+        in_process = getattr(pool, "in_process", False)  # jobs run in threads here: they may report each task
+        shares = strided(todo, pool.n_workers * baseline_timers(parallel))
+        ahead = chunks_of(todo[len(shares):], chunk)  # each timing judge compiles its own first task
+        jobs = [(("time", c), partial(reference_job, c, "baseline", skip(c), on_task=timed if in_process else None))
+                for c in shares]
+        # A compile job leaves out the tasks timed by the time it starts (one judge: all of them).
+        jobs += [(("compile", c), partial(reference_job, c, "warm", skip(c), on_task=compiled if in_process else None,
+                                          done=results if in_process else ()))
+                 for c in ahead]
+        try:
+            if jobs:
+                pool.run(jobs, record, f"baselines: {len(shares)} timing, {len(ahead)} compile jobs", len(jobs))
+        finally:  # stopped too: the last line says how far it got
+            meter.finish()
         env = pool.envs[0]
     for task in tasks:
         results.setdefault(task.id, store.get_baseline(baseline_key(task, env, config.timing_mode, config.precision)) or {})
     return results
+
+
+class BaselineProgress:
+    """A baseline run's progress, a line on stderr per event: problems compiled, timed, stored (and
+    failed) out of those to do, and an ETA from the timing rate so far. Subclass to show it elsewhere."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+        self.total = self.cached = 0
+        self.compiled_ids: set[str] = set()
+        self.timed_ids: set[str] = set()
+        self.n_stored = self.n_failed = 0
+        self.t0 = time.monotonic()
+
+    def start(self, total: int, cached: int) -> None:
+        self.total, self.cached, self.t0 = total, cached, time.monotonic()
+        self.emit(f"{total} to time, {cached} cached")
+
+    def compiled(self, task: Task, result: dict) -> None:
+        self.compiled_ids.add(task.id)
+        self.emit(f"{task.id} compiled" if "compile_s" in result else f"{task.id} not compiled: {result.get('reason', '')}"[:200])
+
+    def timed(self, task: Task, result: dict, stored: bool) -> None:
+        self.compiled_ids.add(task.id)
+        self.timed_ids.add(task.id)
+        self.n_stored += stored
+        self.n_failed += not stored
+        self.emit(f"{task.id} stored" if stored else f"{task.id} failed: {result.get('reason', '')}"[:200])
+
+    def finish(self) -> None:
+        self.emit("done" if len(self.timed_ids) == self.total else "stopped")
+
+    def eta(self) -> str:
+        done, elapsed = len(self.timed_ids), time.monotonic() - self.t0
+        if done == self.total:
+            return "0:00:00"
+        if not done:
+            return "?"
+        return str(datetime.timedelta(seconds=round(elapsed / done * (self.total - done))))
+
+    def line(self) -> str:
+        n = self.total
+        return (f"compiled {len(self.compiled_ids)}/{n} · timed {len(self.timed_ids)}/{n} · stored {self.n_stored}/{n}"
+                f" · failed {self.n_failed} · ETA {self.eta()}")
+
+    def emit(self, event: str) -> None:
+        print(f"baselines: {self.line()} · {event}", file=self.stream or sys.stderr, flush=True)
 
 
 def _cached_keys(tasks: list[Task], keys: dict[str, list[BaselineKey]], cached: set[BaselineKey]) -> frozenset[BaselineKey]:

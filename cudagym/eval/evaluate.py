@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from cudagym.eval.gpulock import lock_dir, prepare_lock_dir
 from cudagym.eval.verdict import Status, Verdict
@@ -194,12 +195,15 @@ def _cache_dirs() -> list[str]:
     return dirs
 
 
-def run_judge(request: dict, config: EvalConfig, stall_s: float | None = None) -> dict:
+def run_judge(request: dict, config: EvalConfig, stall_s: float | None = None,
+              on_line: Callable[[int, dict], None] | None = None) -> dict:
     """Run a judge; if it ran out of GPU memory beside other judges, run it again holding the GPU alone.
-    stall_s (a judge of several tasks): kill it as soon as no task has finished for that long."""
-    result = _run_judge_once(request, config, stall_s)
+    stall_s (a judge of several tasks): kill it as soon as no task has finished for that long.
+    on_line(i, result) (a judge of several tasks): called in this thread with each task's result
+    within a second of the judge writing it, while the judge goes on with the next."""
+    result = _run_judge_once(request, config, stall_s, on_line)
     if config.device.startswith("cuda") and out_of_memory(result):
-        result = _run_judge_once(dict(request, exclusive=True), config, stall_s)
+        result = _run_judge_once(dict(request, exclusive=True), config, stall_s, on_line)
     return result
 
 
@@ -216,24 +220,27 @@ def out_of_memory(result: dict) -> bool:
 
 
 def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str,
-                    stall_s: float | None) -> tuple[str, bool] | None:
+                    stall_s: float | None, on_line: Callable[[int, dict], None] | None = None) -> tuple[str, bool] | None:
     """Wait for the judge to end; None if it did, else (why it was killed, whether it stalled): it
     ran past timeout_s, or (stall_s given) no task of its several finished for stall_s. A judge of n
-    tasks has n task budgets in all, so without the stall check one hung task would hold it that long."""
+    tasks has n task budgets in all, so without the stall check one hung task would hold it that long.
+    Each new line of its results (a task finished) goes to on_line as it appears (checked every second)."""
     deadline = time.monotonic() + timeout_s
     finished, progress_at = 0, time.monotonic()
+    polled = stall_s or on_line
     while True:
         try:
-            proc.wait(timeout=max(0.0, min(deadline - time.monotonic(), 1.0 if stall_s else timeout_s)))
+            proc.wait(timeout=max(0.0, min(deadline - time.monotonic(), 1.0 if polled else timeout_s)))
+            _report_lines(lines_path, finished, on_line)
             return None
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
-        if stall_s:
-            lines = Path(lines_path).read_bytes().count(b"\n") if os.path.exists(lines_path) else 0
+        if polled:
+            lines = _report_lines(lines_path, finished, on_line)
             if lines != finished:
                 finished, progress_at = lines, now
-            if now - progress_at > stall_s:
+            if stall_s and now - progress_at > stall_s:
                 killed = (f"task {finished + 1} of the judge finished nothing in {stall_s:.0f} s", True)
                 break
         if now >= deadline:
@@ -241,10 +248,22 @@ def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str,
             break
     kill_tree(proc.pid)
     proc.wait()
+    _report_lines(lines_path, finished, on_line)
     return killed
 
 
-def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = None) -> dict:
+def _report_lines(lines_path: str, reported: int, on_line: Callable[[int, dict], None] | None) -> int:
+    """How many whole lines the judge's results file has; those after the first `reported` go to on_line."""
+    data = Path(lines_path).read_bytes() if os.path.exists(lines_path) else b""
+    lines = data.split(b"\n")[:-1]  # the last piece is empty or a line still being written
+    if on_line:
+        for i in range(reported, len(lines)):
+            on_line(i, json.loads(lines[i]))
+    return len(lines)
+
+
+def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = None,
+                    on_line: Callable[[int, dict], None] | None = None) -> dict:
     """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
     if _STOPPING.is_set():  # a job that got a thread as its batch was being stopped
         raise Interrupted()
@@ -271,7 +290,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
             with _LIVE_LOCK:
                 _LIVE_JUDGES.add(proc)
             try:
-                killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s)
+                killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s, on_line)
             finally:
                 with _LIVE_LOCK:
                     _LIVE_JUDGES.discard(proc)
@@ -378,17 +397,26 @@ def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baselin
     return run_judge(_reference_request(task, mode, config, compile_baseline), config)
 
 
-def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile_baseline: bool = True) -> list[dict]:
+def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile_baseline: bool = True,
+                       on_result: Callable[[int, dict], None] | None = None) -> list[dict]:
     """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
     A task that does not finish within one task's budget times out there (its judge is killed then,
     not after the n budgets of its n tasks). The tasks after it, those of a judge that died, and
     those that ran out of memory beside other judges are run again one per process. If the batch
-    is stopped, the tasks the judge had not finished are None."""
+    is stopped, the tasks the judge had not finished are None. on_result(i, result) is called (in
+    this thread) once with each task's final result the moment it is known, while the judge runs on."""
+    reported: set[int] = set()
+
+    def report(i: int, result: dict) -> None:
+        if on_result and i not in reported and i < len(tasks) and not out_of_memory(result):  # else run again below
+            reported.add(i)
+            on_result(i, result)
+
     request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks])
     chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
                            task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))
     try:
-        judged = run_judge(request, chunk_config, stall_s=config.judge_timeout_s)
+        judged = run_judge(request, chunk_config, stall_s=config.judge_timeout_s, on_line=report)
     except Interrupted as stopped:  # what the judge finished before it was stopped counts; nothing else
         return (stopped.results + [None] * len(tasks))[:len(tasks)]
     done = judged.get("results") or []
@@ -399,5 +427,6 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
             result = {"status": "timeout", "reason": judged["reason"]}
         if result is None or out_of_memory(result):
             result = run_reference_job(task, mode, config, compile_baseline)
+        report(i, result)
         results.append(result)
     return results

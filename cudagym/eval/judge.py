@@ -1081,9 +1081,25 @@ def main(argv: list[str]) -> int:
                 if not release_task_memory():
                     break  # a sticky CUDA error: the driver reruns the remaining tasks, each in a new process
         result = {"status": "done"}
+        if req.mode in ("warm", "baseline"):
+            save_compile_artifacts()
     with open(result_path, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def save_compile_artifacts() -> None:
+    """A baseline judge's compiles, cache hits included, for `cudagym baseline cache export`
+    (`compile_cache`), beside the shared inductor cache. Never fails the judge: the baselines are stored."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        return
+    from cudagym.eval.compile_cache import ARTIFACTS, save_artifacts
+
+    try:
+        save_artifacts(os.path.join(cache, ARTIFACTS))
+    except Exception as exc:
+        print(f"compile artifacts not saved: {type(exc).__name__}: {exc}"[:300], file=sys.stderr)
 
 
 def share_inductor_headers() -> None:

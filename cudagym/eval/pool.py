@@ -102,6 +102,8 @@ Job = Callable[[Worker], object]  # for the ray runner picklable: a module-level
 class LocalPool:
     """This machine: `parallel` threads, each driving a judge subprocess (the `local` runner)."""
 
+    in_process = True  # jobs run in threads of this process: they may report each task as it finishes
+
     def __init__(self, config: EvalConfig, parallel: int = 1):
         self.parallel = parallel
         self.worker = Worker(batch_config(config, parallel), machine_env(config.device))

@@ -133,6 +133,8 @@ class RayPool:
     a Ray it started). `workers` holds each worker's info (gpu, node_id, pid, env, config), `envs`
     the distinct machines among them."""
 
+    in_process = False  # jobs run in Ray workers: a job's tasks come back when it returns
+
     def __init__(self, config: EvalConfig, parallel: int = 1, address: str | None = None, attempts: int = ATTEMPTS):
         ray = import_ray()
         self._ray, self.parallel, self.attempts = ray, max(1, parallel), attempts
