@@ -441,7 +441,7 @@ def _rollout_config(args, **overrides):
                   max_invalid_calls=args.max_invalid_calls, tool_format=args.tool_format,
                   client_timeout_s=args.client_timeout, max_retries=args.max_retries, policy=args.policy,
                   timing_mode=args.timing_mode, precision=args.precision, bash_timeout_s=args.bash_timeout,
-                  judge_timeout_s=args.judge_timeout)
+                  judge_timeout_s=args.judge_timeout, replay=args.replay)
     fields.update(overrides)
     if fields["max_turns"] is None:
         fields["max_turns"] = 150
@@ -545,6 +545,8 @@ def _add_agent_commands(sub) -> None:
                                                       " policy on an in-process server (no --base-url)")
         p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
         p.add_argument("--api-key", default=None, help="API key (default $OPENAI_API_KEY; local servers need none)")
+        p.add_argument("--replay", default=None, help="with --model scripted:replay: a submission folder whose kernels "
+                                                      "the scripted expert writes, verifies and profiles")
         p.add_argument("--levels", type=_levels, default=None, help="comma-separated levels (default 1,2,3)")
         p.add_argument("--kb-version", default=None, help="KernelBench version (default v0.1)")
         p.add_argument("--ids", type=_ids, default=None, help="only these problem ids, e.g. 1-10,12")

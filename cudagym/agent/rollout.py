@@ -88,6 +88,7 @@ class RolloutConfig:
     judge_timeout_s: float | None = None
     max_output_chars: int = 16_000
     run_name: str | None = None  # default: the OUT folder's name
+    replay: str | None = None  # a submission folder: the kernels the `scripted:replay` policy writes
 
     def __post_init__(self):
         if not self.tasks:
@@ -106,6 +107,8 @@ class RolloutConfig:
             from cudagym.agent.scripted import parse_model
 
             parse_model(self.model)  # one line on an unknown policy
+        if self.replay is not None and not Path(self.replay).is_dir():
+            raise ValueError(f"--replay: no submission folder at {self.replay}")
         if self.ids is not None:
             parse_id_ranges(self.ids)
         if self.tool_format not in TOOL_FORMATS:
@@ -296,8 +299,19 @@ def endpoint(config: RolloutConfig):
         return
     from cudagym.agent.scripted import ScriptedServer
 
-    with ScriptedServer(probe_dir=Path(config.out).resolve() / "probe") as server:
+    replay = replay_kernels(select_tasks(config), config.replay) if config.replay else None
+    with ScriptedServer(probe_dir=Path(config.out).resolve() / "probe", replay=replay) as server:
         yield server.base_url
+
+
+def replay_kernels(tasks: list[Task], submission: str | Path) -> dict[str, tuple[str, dict[str, str]]]:
+    """For the `replay` scripted policy: task code -> (the submission's file for it, its kernels/ files),
+    read as `eval run` reads a submission (level{L}/{id}_*.py and the folder beside it)."""
+    from cudagym.eval.batch import candidate_files, submission_files
+
+    files = submission_files(submission)
+    return {t.code: (files[(t.level, t.problem_id)].read_text(), candidate_files(files[(t.level, t.problem_id)]))
+            for t in tasks if (t.level, t.problem_id) in files}
 
 
 def run_rollouts(config: RolloutConfig, progress: Callable[[str], None] | None = None) -> dict:

@@ -11,6 +11,10 @@ Policies (`POLICIES`):
 - `honest`: reads model.py, writes an honest C++ kernel (examples/submission_cpu's, for the CPU tasks
   of examples/problems it knows: small matmul, diagonal matmul), verifies, profiles, answers; for
   other tasks it answers at once that it has no kernel.
+- `replay`: the expert replay: reads model.py, writes the kernel (and its kernels/ files) that the
+  server was given for this task (`ScriptedServer(replay=...)`, `agent rollout --replay SUBMISSION`:
+  a submission folder as `eval run` takes it), verifies, profiles, answers; a task without a kernel
+  there is answered at once. Its rewards are those of `eval run` on the same folder.
 - `quick`: reads model.py and answers.
 - `chatty`: runs `echo` forever (stops on max_turns).
 - `big`: prints 6,000 characters a turn, forever (fills the context budget).
@@ -68,6 +72,19 @@ def honest(step: int, messages: list[dict], server: "ScriptedServer") -> list | 
         return "I have no kernel for this task."
     kernel = path.read_text()
     script = [[call("read_file", path="model.py")], [call("write_file", path="model_new.py", content=kernel)],
+              [call("verify")], [call("profile")]]
+    return script[step] if step < len(script) else "The kernel is correct and profiled. " + ANSWER
+
+
+def replay(step: int, messages: list[dict], server: "ScriptedServer") -> list | str:
+    text = _task_text(messages[:2])
+    kernel = next((k for code, k in server.replay.items() if code in text), None)
+    if kernel is None:
+        return "I have no kernel for this task."
+    code, files = kernel
+    script = [[call("read_file", path="model.py")],
+              [call("write_file", path="model_new.py", content=code)]
+              + [call("write_file", path=rel, content=text) for rel, text in sorted(files.items())],
               [call("verify")], [call("profile")]]
     return script[step] if step < len(script) else "The kernel is correct and profiled. " + ANSWER
 
@@ -141,7 +158,7 @@ def hang(step, messages, server):
     return [call("bash", command="sleep 100000")] if step == 0 else ANSWER  # the environment's bash timeout applies
 
 
-POLICIES = {"honest": honest, "quick": quick, "chatty": chatty, "big": big, "malformed": malformed, "invalid": invalid,
+POLICIES = {"honest": honest, "replay": replay, "quick": quick, "chatty": chatty, "big": big, "malformed": malformed, "invalid": invalid,
             "network": network, "escape": escape, "snoop": snoop, "tamper": tamper, "forkbomb": forkbomb,
             "flood": flood, "hang": hang, "task": None}
 MODIFIERS = ("text", "nousage", "delay", "429", "500", "slow", "down")
@@ -218,8 +235,10 @@ class ScriptedServer:
     """The in-process server; use as a context manager. `base_url` is what the client takes."""
 
     def __init__(self, probe_dir: str | Path | None = None, delay_s: float = 0.5, slow_s: float = 5.0,
-                 retry_after_s: float = 0.2):
+                 retry_after_s: float = 0.2, replay: dict[str, tuple[str, dict[str, str]]] | None = None):
         self.probe_dir = str(probe_dir or "/tmp")
+        # the `replay` policy's kernels: a task's code (stripped) -> (model_new.py, {kernels/ path: text})
+        self.replay = {code.strip(): kernel for code, kernel in (replay or {}).items()}
         self.delay_s, self.slow_s, self.retry_after_s = delay_s, slow_s, retry_after_s
         self.token = hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:8]
         self.lock = threading.Lock()

@@ -40,6 +40,7 @@ def _error(capsys, argv: list[str]) -> str:
     (["--model", "scripted:quick", "--ids", "x-y"], "problem ids"),
     (["--model", "scripted:quick", "--tasks", "/no/such/tasks.jsonl"], "no such file"),
     (["--model", "scripted:quick", "--ids", "99"], "no tasks selected"),
+    (["--model", "scripted:replay", "--replay", "/no/such/submission"], "--replay"),
 ])
 def test_bad_rollout_input_is_one_line(capsys, tmp_path, argv, message):
     base = ["agent", "rollout", "--tasks", str(EXAMPLES), "--device", "cpu", "--out", str(tmp_path / "out")]
@@ -124,3 +125,33 @@ def test_agent_eval_scores_kernelbench_problems_with_the_leaderboard_metrics(cap
         rows = store.rollouts()
     assert [(r["level"], r["problem_id"]) for r in rows] == [(1, 1), (1, 2)]
     assert all(r["settings"]["max_turns"] == 200 and r["task_id"].startswith("v0.1/L1/") for r in rows)
+
+
+@pytest.mark.slow
+def test_the_replayed_expert_earns_what_eval_run_gives_the_same_kernels(capsys, tmp_path):
+    # scripted:replay writes examples/submission_cpu's files (two honest C++ kernels, a reward hack that
+    # returns its input) into the agent's workdir, verifies, profiles and answers: the final verdicts
+    # must be those `eval run` gives the same folder (timing noise aside: status and correctness).
+    submission = REPO / "examples" / "submission_cpu"
+    common = ["--levels", "1", "--ids", "1,2,4", "--device", "cpu", "--parallel", "2"]
+    out = tmp_path / "agent"
+    assert main(["agent", "rollout", "--tasks", str(EXAMPLES), "--model", "scripted:replay", "--replay",
+                 str(submission), "--max-turns", "8", "--out", str(out), *common]) == 0
+    db = tmp_path / "lb.duckdb"
+    assert main(["eval", "run", str(submission), "--problems", str(EXAMPLES), "--db", str(db), "--name", "direct",
+                 *common]) == 0
+    capsys.readouterr()
+    with TrajectoryStore(out / "trajectories.duckdb", read_only=True) as store:
+        rollouts = {r["problem_id"]: r for r in store.rollouts()}
+        calls = {pid: [c["name"] for c in store.tool_calls(r["rollout_id"])] for pid, r in rollouts.items()}
+    from cudagym.eval.store import Store
+
+    with Store(db) as lb:
+        direct = {v["problem_id"]: v for v in lb.verdicts("direct")}
+    assert sorted(rollouts) == sorted(direct) == [1, 2, 4]
+    for pid, row in rollouts.items():
+        assert calls[pid] == ["read_file", "write_file", "verify", "profile"], calls[pid]
+        verdict = row["verdict"]
+        assert (verdict["status"], verdict["correct"]) == (direct[pid]["status"], direct[pid]["correct"]), pid
+        assert (row["reward"] >= 1) == (direct[pid]["reward"] >= 1)
+    assert rollouts[4]["reward"] >= 1 and rollouts[2]["reward"] == -1  # an honest kernel passes, the hack does not
