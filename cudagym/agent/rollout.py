@@ -292,14 +292,15 @@ def write_submission(rows: list[dict], folder: Path) -> int:
 
 
 @contextlib.contextmanager
-def endpoint(config: RolloutConfig):
-    """The base URL to use: the config's, or an in-process scripted server's for scripted:* models."""
+def endpoint(config: RolloutConfig, tasks: list[Task]):
+    """The base URL to use: the config's, or an in-process scripted server's for scripted:* models
+    (with `config.replay`, holding the submission's kernels for `tasks`)."""
     if config.base_url:
         yield config.base_url
         return
     from cudagym.agent.scripted import ScriptedServer
 
-    replay = replay_kernels(select_tasks(config), config.replay) if config.replay else None
+    replay = replay_kernels(tasks, config.replay) if config.replay else None
     with ScriptedServer(probe_dir=Path(config.out).resolve() / "probe", replay=replay) as server:
         yield server.base_url
 
@@ -336,13 +337,12 @@ def run_rollouts(config: RolloutConfig, progress: Callable[[str], None] | None =
         progress(f"{len(tasks) * config.n_samples} rollouts ({len(tasks)} tasks x {config.n_samples} samples): "
                  f"{len(tasks) * config.n_samples - len(todo)} finished before, {len(todo)} to run, {config.parallel} at once")
         if todo:
-            with endpoint(config) as base_url:
+            with endpoint(config, tasks) as base_url:
                 asyncio.run(_Batch(config, store, base_url, progress).run(todo))
         wanted = {rollout_id(t, s) for t in tasks for s in range(config.n_samples)}
         rows = [row for row in store.rollouts() if row["rollout_id"] in wanted]
-    n_submitted = write_submission(rows, out / SUBMISSION_DIR)
-    with TrajectoryStore(db, read_only=True) as store:  # the leaderboard links each problem to its page
-        write_trajectory_pages(store, best_rollouts(rows), out / SUBMISSION_DIR)
+        n_submitted = write_submission(rows, out / SUBMISSION_DIR)  # empties the folder: the pages come after
+        write_trajectory_pages(store, best_rollouts(rows), out / SUBMISSION_DIR)  # the leaderboard links to them
     finished = [r for r in rows if r["status"] == "finished"]
     rewards: dict[str, int] = {}
     stops: dict[str, int] = {}
