@@ -413,7 +413,7 @@ def concurrent_phase(cands: list[Candidate], tasks_dir: Path, mode: str, args, e
         cmd = [args.python, "-m", "cudagym", "eval", "one", "--ref", str(c.ref_path), "--candidate", str(c.path),
                "--json"] + eval_options(args, mode)
         running.append(start(cmd, call, logs, env, clock, min(args.call_timeout_s, clock.left())))
-    honest = [c for c in cands if c.kind == "honest"]
+    honest = [c for c in cands if c.kind == "honest" and (args.run_only is None or re.search(args.run_only, c.label))]
     if honest and not args.no_eval_run:
         call = Call(id=next_id(), phase="concurrent", mode=mode, kind="run", candidate=None, candidate_kind=None)
         calls.append(call)
@@ -578,6 +578,12 @@ def parse_args(argv=None):
                    help="reuse the lone calls of an earlier results.json (run the lone phase in one call, the rest later)")
     p.add_argument("--build-parallel", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     p.add_argument("--only", default=None, help="regex on candidate labels (e.g. 'level1/(19|23)_')")
+    p.add_argument("--lone-only", default=None,
+                   help="regex on candidate labels: only these run alone (the lone latency and the two-run repeatability"
+                        " come from them); every candidate still runs in the concurrent phase")
+    p.add_argument("--run-only", default=None,
+                   help="regex on honest candidate labels: only these go into the concurrent eval run (leave the"
+                        " multi-GB problems to the eval one calls, where one at a time fits the GPU anyway)")
     p.add_argument("--no-eval-run", action="store_true", help="leave the eval run out of the concurrent phase")
     p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (references, logs, DuckDB)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the children (default: this one)")
@@ -606,6 +612,7 @@ def main(argv=None) -> int:
     by_key = {(c.level, c.problem_id): c for c in cands if c.kind == "honest"}
     clock.log(f"{len(cands)} candidates ({sum(c.kind == 'honest' for c in cands)} honest, "
               f"{sum(c.kind == 'hack' for c in cands)} hacks) from {args.root}; modes {args.modes}; temp {tmp}")
+    lone_cands = [c for c in cands if args.lone_only is None or re.search(args.lone_only, c.label)]
     env = child_env(args)
     calls: list[Call] = []
     counter = itertools.count(1)
@@ -637,10 +644,10 @@ def main(argv=None) -> int:
             clock.log(f"reused {len(kept)} lone calls from {args.lone_from}")
         for mode in args.modes:
             if "lone" in args.phases:
-                complete &= lone_phase(cands, mode, "lone", args, env, clock, logs, by_key, calls, next_id)
+                complete &= lone_phase(lone_cands, mode, "lone", args, env, clock, logs, by_key, calls, next_id)
                 save()
                 if args.lone_runs == 2:
-                    complete &= lone_phase(cands, mode, "lone2", args, env, clock, logs, by_key, calls, next_id)
+                    complete &= lone_phase(lone_cands, mode, "lone2", args, env, clock, logs, by_key, calls, next_id)
                     save()
             if "concurrent" in args.phases:
                 complete &= concurrent_phase(cands, tasks_dir, mode, args, env, clock, logs, tmp, by_key, calls, next_id)

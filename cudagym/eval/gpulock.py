@@ -102,9 +102,10 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
                        free_bytes: Callable[[], int] | None = None, need_free_bytes: int = 0,
                        settle_s: float = 60.0, tag: str = ""):
     """Reserve n_bytes of a GPU memory budget shared by concurrent judges (a JSON ledger of
-    pid -> bytes under flock), waiting until it fits. A judge alone is always admitted, however
-    large: the budget bounds concurrency, it does not refuse work. Entries of dead processes are
-    dropped, so a killed judge frees its share.
+    pid -> bytes under flock), waiting until it fits. A judge is always admitted, however large,
+    when no other judge holds working memory (an untagged entry), whatever contexts (`ctx`) the
+    waiting ones hold: the budget bounds concurrency, it does not refuse work, and someone always
+    makes progress. Entries of dead processes are dropped, so a killed judge frees its share.
 
     The ledger frees a share when its judge leaves the reservation, a moment before its process
     exits and the driver takes its memory back; a judge admitted in that moment ran out of memory.
@@ -123,8 +124,12 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
     while True:
         with _locked_ledger(ledger) as entries:
             used = sum(entries.values())
-            others = [k for k in entries if k.split(".")[0] != str(os.getpid())]  # its own other tags do not count
-            fits = not others or used + n_bytes <= budget_bytes
+            # Only other judges' working memory (untagged entries) can make one wait beyond the budget's
+            # arithmetic: the contexts of judges that are themselves waiting never free while they wait,
+            # so with those counted, large judges (or two whole-GPU reruns after an OOM) each waiting on
+            # the others' contexts would wait forever (the H200, session 10: 5 judges stuck, GPU idle).
+            working = [k for k in entries if "." not in k and k != str(os.getpid())]
+            fits = not working or used + n_bytes <= budget_bytes
             fits_since = (fits_since or time.monotonic()) if fits else None
             if fits and (free_bytes is None or time.monotonic() - fits_since > settle_s or free_bytes() >= need_free_bytes):
                 entries[key] = n_bytes

@@ -244,3 +244,32 @@ def test_a_judge_holding_its_contexts_is_admitted_alone_however_large_and_others
         other.wait(timeout=30)  # 20 + 10 fit once the working memory is given back
         assert other.returncode == 0
     assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
+
+
+CTX_THEN_WORK = """
+import sys, time
+from cudagym.eval.gpulock import memory_reservation
+path, ctx, work, marker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+with memory_reservation(path, ctx, budget_bytes=100, poll_s=0.05, tag="ctx"):
+    time.sleep(0.5)  # every judge holds its contexts before any asks for working memory
+    with memory_reservation(path, work, budget_bytes=100, poll_s=0.05):
+        start = time.time()
+        time.sleep(0.3)
+        open(marker, "w").write(f"{start} {time.time()}")
+"""
+
+
+@pytest.mark.parametrize("work", [70, 80])  # 80: the whole budget less the judge's own contexts (an OOM rerun)
+def test_judges_waiting_with_their_contexts_do_not_block_each_other_forever(tmp_path, work):
+    """The H200, session 10: large judges, each holding its contexts while it waited, each needing
+    more than the budget left beside the others' contexts (and two whole-GPU reruns after an OOM
+    likewise): none was ever admitted. Now each is admitted in turn, one working at a time."""
+    lock = str(tmp_path / "gpu.lock")
+    procs = [subprocess.Popen([sys.executable, "-c", CTX_THEN_WORK, lock, "20", str(work), str(tmp_path / f"j{i}")])
+             for i in range(3)]
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    spans = sorted(tuple(map(float, (tmp_path / f"j{i}").read_text().split())) for i in range(3))
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end - 0.05, "two working shares that do not fit together were held at once"
+    assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
