@@ -155,3 +155,15 @@ def test_the_replayed_expert_earns_what_eval_run_gives_the_same_kernels(capsys, 
         assert (verdict["status"], verdict["correct"]) == (direct[pid]["status"], direct[pid]["correct"]), pid
         assert (row["reward"] >= 1) == (direct[pid]["reward"] >= 1)
     assert rollouts[4]["reward"] >= 1 and rollouts[2]["reward"] == -1  # an honest kernel passes, the hack does not
+
+    # benchmarks/agent_report.py (what benchmarks/agent_gpu.sh runs on the GPU) on these two runs
+    report_json = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "benchmarks/agent_report.py", "--eval-db", str(db), "--name", "direct",
+                           "--run", str(out), "--out-json", str(report_json)], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_json.read_text())
+    assert report["agreement"]["verdict_agree"] == report["agreement"]["rollouts"] == 3
+    assert [p["problem_id"] for p in report["problems"]] == [1, 2, 4]
+    assert report["timings"]["tools_ms"]["read_file"]["n"] == report["timings"]["tools_ms"]["verify"]["n"] == 3
+    assert report["timings"]["env_tools_ms"]["n"] == 6  # read_file and write_file: the judge's calls left out

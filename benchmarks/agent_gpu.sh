@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 13 acceptance 4 on the GPU: the scripted expert (scripted:replay of the honest CUDA kernels for
+# KernelBench v0 level-1 problems that benchmarks/expert_submission.py writes to /tmp/expert) through
+# `agent eval` with 16 rollouts at once, against `eval run` of the same folder. On the GPU box, from the
+# repo root (carry .whl and .kb):
+#   bash benchmarks/agent_gpu.sh [SECONDS]
+# SECONDS (default 400; 540 leaves agent eval more room in one 600-s device call) bounds the whole
+# script: eval run gets EVAL_S (default 2/5 of it: it builds every kernel, which agent eval's judges
+# then find in the shared build cache), agent eval the rest less the report's margin. Both resume:
+# carry a returned expert.duckdb / trajectories.duckdb back in as .devout/ to go on where they stopped.
+# Env: IDS (default: every problem of the submission), N_SAMPLES (2), PARALLEL (16).
+# Results under $OUT (few files: only 8 come back): agent_gpu.log, env.txt, smi.csv (nvidia-smi every
+# 500 ms), expert.duckdb (eval run), trajectories.duckdb (agent eval), agent_report.json / .md.
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh" || exit 1
+LIMIT=${1:-400}; EVAL_S=${EVAL_S:-$(( LIMIT * 2 / 5 ))}; MARGIN=40
+N_SAMPLES=${N_SAMPLES:-2}; PARALLEL=${PARALLEL:-16}
+LOG=$OUT/agent_gpu.log; RUN=/tmp/agentrun; EXPERT=/tmp/expert; T0=$(date +%s)
+python3 benchmarks/expert_submission.py "$EXPERT" | tee -a "$LOG" || exit 1
+IDS=${IDS:-$(ls "$EXPERT"/level1/*.py | sed 's#.*/##; s/_.*//' | sort -n | paste -sd, -)}
+COMMON=(--kb-version v0 --levels 1 --ids "$IDS" --device cuda)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+# DuckDB keeps recent writes in a .wal beside the file until a checkpoint; a run stopped by the timeout
+# may leave one, and only the .duckdb comes back: fold it in first.
+checkpoint() { python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CHECKPOINT'); c.close()" "$1"; }
+
+[ -f .devout/expert.duckdb ] && [ ! -f "$OUT/expert.duckdb" ] && cp .devout/expert.duckdb "$OUT/expert.duckdb"
+mkdir -p "$RUN"
+[ -f .devout/trajectories.duckdb ] && [ ! -f "$RUN/trajectories.duckdb" ] && cp .devout/trajectories.duckdb "$RUN/"
+
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "$OUT/smi.csv" 2>&1 &
+SMI=$!
+log "problems $IDS, $N_SAMPLES samples each, $PARALLEL rollouts at once, ${LIMIT}s in all"
+
+# the same kernels through eval run: the verdicts the rollouts must match (its JSONL is in the DuckDB file)
+timeout -k 20 -s INT "$EVAL_S" python3 -m cudagym eval run "$EXPERT" "${COMMON[@]}" --db "$OUT/expert.duckdb" \
+  --name expert --json > /dev/null 2>> "$LOG"
+log "eval run rc=$?"
+checkpoint "$OUT/expert.duckdb"
+
+AGENT_S=$(( LIMIT - ($(date +%s) - T0) - MARGIN ))
+START=$(date +%s.%N)
+timeout -k 20 -s INT "$AGENT_S" python3 -m cudagym agent eval --model scripted:replay --replay "$EXPERT" \
+  "${COMMON[@]}" --n-samples "$N_SAMPLES" --parallel "$PARALLEL" --out "$RUN" --json >> "$LOG" 2>&1
+log "agent eval rc=$? in ${AGENT_S}s at most"
+END=$(date +%s.%N)
+kill "$SMI"
+checkpoint "$RUN/trajectories.duckdb" && cp "$RUN/trajectories.duckdb" "$OUT/"
+
+python3 benchmarks/agent_report.py --eval-db "$OUT/expert.duckdb" --name expert --run "$OUT/trajectories.duckdb" \
+  --smi "$OUT/smi.csv" --window "$START,$END" --out-json "$OUT/agent_report.json" --out-md "$OUT/agent_report.md" \
+  2>> "$LOG"
+log "report rc=$?"
