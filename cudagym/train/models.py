@@ -36,3 +36,30 @@ def load_smollm2_tokenizer(cache_dir: str | Path | None = None):
     if cache_dir is not None:
         tokenizer.save_pretrained(cache_dir)
     return tokenizer
+
+
+# SmolLM2-135M-Instruct's architecture, as transformers reads it from the GGUF file's metadata
+# (AutoConfig.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF); tests/train/test_models.py checks it).
+# Written out so that a machine without the 98 MB GGUF file can build the same model.
+SMOLLM2_135M_CONFIG = {
+    "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+}
+
+
+def save_random_model(folder: str | Path, tokenizer, seed: int = 0, **overrides) -> Path:
+    """A randomly initialised LlamaForCausalLM with SmolLM2-135M's architecture (`overrides` change
+    fields, e.g. num_hidden_layers=1 for a test), saved with `tokenizer` as a transformers checkpoint
+    folder. Same seed, same weights. For timing the training stages where the real weights cannot
+    travel: step times and tokens/s are the architecture's, rewards and losses are a random model's."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**{**SMOLLM2_135M_CONFIG, **overrides}))
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -232,6 +232,9 @@ class PPOBatch:
     def select(self, index: torch.Tensor) -> PPOBatch:
         return PPOBatch(*(t[index] for t in (self.input_ids, self.attention_mask, self.response_mask, self.token_rewards)))
 
+    def to(self, device: str | torch.device) -> PPOBatch:
+        return PPOBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.response_mask, self.token_rewards)))
+
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     # left padding: positions count real tokens only, as in generation

@@ -53,7 +53,7 @@ class PolicyServer(ScriptedServer):
 
         messages = _clean(body.get("messages") or [])
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(self.policy.device)
         max_new = min(self.max_new_tokens, int(body.get("max_tokens") or self.max_new_tokens))
         with self.generate_lock, torch.no_grad():
             t0 = time.perf_counter()
@@ -88,7 +88,8 @@ class LocalPPOConfig:
     max_turns: int = 150  # the paper's training rollouts
     max_new_tokens: int = 4096  # per model turn
     context_tokens: int = 32_768
-    device: str = "cpu"  # where the judge runs (the policy runs on CPU in this engine)
+    device: str = "cpu"  # where the judge runs
+    policy_device: str = "cpu"  # where the policy and the critic generate and train
     seed: int = 0
     ppo: PPOConfig = field(default_factory=PPOConfig)
 
@@ -119,6 +120,7 @@ def _load(config: LocalPPOConfig, out: Path, start: int):
         policy = AutoModelForCausalLM.from_pretrained(config.model)
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         critic = ValueModel.load(config.critic) if config.critic else ValueModel.from_policy(policy)
+    policy, critic = policy.to(config.policy_device), critic.to(config.policy_device)
     policy_opt = torch.optim.AdamW(policy.parameters(), lr=config.ppo.actor_lr, weight_decay=config.ppo.weight_decay)
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=config.ppo.critic_lr, weight_decay=config.ppo.weight_decay)
     if start:
@@ -183,7 +185,7 @@ def run_ppo(config: LocalPPOConfig, progress=None) -> list[dict]:
                    if any(m.get("role") == "assistant" for m in t.messages)]
         if not samples:
             raise RuntimeError(f"step {step}: no judged rollout with a model turn in {summary['db']}")
-        batch = collate(samples, pad_id)
+        batch = collate(samples, pad_id).to(config.policy_device)
         n = len(samples)
         ppo = replace(config.ppo, batch_size=n, mini_batch_size=n, micro_batch_size=1)
         policy.train()
@@ -197,6 +199,7 @@ def run_ppo(config: LocalPPOConfig, progress=None) -> list[dict]:
                "kl": stats["approx_kl"], "clipfrac": stats["clipfrac"], "value_loss": stats["vf_loss"],
                "explained_variance": stats["explained_variance"], "pg_loss": stats["pg_loss"],
                "entropy": stats["entropy"], "response_tokens": stats["response_tokens"],
+               "sequence_tokens": int(batch.attention_mask.sum()),  # what the update read: prompts, tool outputs too
                "generated_tokens": generated,
                "tokens_per_s": generated / generate_s if generate_s > 0 else math.nan,
                "rollout_s": rollout_s, "update_s": update_s}

@@ -43,6 +43,7 @@ class SFTConfig:
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     seed: int = 0
+    device: str = "cpu"  # where the model trains ("cuda" on a GPU machine)
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.epochs < 1 or self.batch_size < 1 or self.max_grad_norm <= 0:
@@ -73,7 +74,7 @@ def finetune(samples: list, model_dir: str | Path, out: str | Path, config: SFTC
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir).to(config.device)
     policy.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -92,7 +93,7 @@ def finetune(samples: list, model_dir: str | Path, out: str | Path, config: SFTC
             total = sum(sum(s.response_mask) for s in chunk) or 1
             loss_sum = 0.0
             for sample in chunk:
-                loss, n_tokens = sft_loss(policy, collate([sample], pad_id))
+                loss, n_tokens = sft_loss(policy, collate([sample], pad_id).to(config.device))
                 weight = float(n_tokens) / total
                 (loss * weight).backward()
                 loss_sum += weight * float(loss.detach())

@@ -78,7 +78,7 @@ def pretrain_value(critic: torch.nn.Module, batch: PPOBatch, optimizer: torch.op
 
 def value_stage(db: str | Path, model_dir: str | Path, out: str | Path, ppo: PPOConfig = PPOConfig(),
                 config: ValuePretrainConfig = ValuePretrainConfig(), seed: int = 0,
-                on_step: Callable[[dict], None] | None = None) -> dict:
+                on_step: Callable[[dict], None] | None = None, device: str = "cpu") -> dict:
     """Pretrain a critic for the causal LM in `model_dir` on the judged rollouts of the store `db`;
     write OUT/critic/ (ValueModel.save) and OUT/value_curve.json; return a summary."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -98,8 +98,8 @@ def value_stage(db: str | Path, model_dir: str | Path, out: str | Path, ppo: PPO
     if not samples:
         raise ValueError(f"no judged rollout with a model turn in {db}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batch = collate(samples, pad_id)
-    critic = ValueModel.from_policy(AutoModelForCausalLM.from_pretrained(model_dir))
+    batch = collate(samples, pad_id).to(device)
+    critic = ValueModel.from_policy(AutoModelForCausalLM.from_pretrained(model_dir)).to(device)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
     curve = pretrain_value(critic, batch, optimizer, ppo, config, generator=torch.Generator().manual_seed(seed),
                            on_step=on_step)
@@ -107,6 +107,7 @@ def value_stage(db: str | Path, model_dir: str | Path, out: str | Path, ppo: PPO
     out.mkdir(parents=True, exist_ok=True)
     critic.save(out / "critic")
     summary = {"rollouts": len(samples), "skipped": dict(skipped), "response_tokens": int(batch.response_mask.sum()),
+               "tokens": int(batch.attention_mask.sum()),  # every sequence token, prompt and tool outputs too
                "steps": len(curve), "explained_variance": curve[-1]["explained_variance"],
                "best_explained_variance": max((r["explained_variance"] for r in curve if not math.isnan(r["explained_variance"])),
                                               default=math.nan),
