@@ -113,8 +113,10 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
     need_free_bytes are free, for at most settle_s (memory held outside cudagym must not block it).
     settle_s counts from when the share first fits the ledger, not from when waiting began: a large
     judge waits long for the ledger, and then it most needs the device's memory to be given back.
-    A process may hold several reservations under different `tag`s (a judge's CUDA contexts from its
-    start, its working memory once it has built its candidate)."""
+    A process may hold several reservations under different `tag`s: a tagged one is memory it holds
+    while it waits for its working share (untagged), so it never makes another judge wait beyond the
+    budget's arithmetic (cudagym's judges hold nothing while they wait: their CUDA contexts are made
+    once admitted)."""
     if not path:
         yield
         return

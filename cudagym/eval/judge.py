@@ -255,15 +255,19 @@ def footprint_bytes(ref: types.ModuleType, init_args: list) -> int:
 CONTEXT_BYTES = 2 * 2**30  # a judge's and its runner's CUDA contexts, handles and warm-up
 
 
-def context_reservation(req: "Request"):
-    """The memory of a judge's and its runner's CUDA contexts, from the judge's start (tag `ctx`)."""
-    if not req.device.startswith("cuda"):
-        return memory_reservation(None, 0, 0)
-    return memory_reservation(req.lock_path, CONTEXT_BYTES, memory_budget_bytes(req.device), tag="ctx")
-
-
+# Neither of these creates a CUDA context in the calling process (device properties, and NVML for what
+# is in use): a judge asks them while it waits for admission, when it must hold no GPU memory.
 def memory_budget_bytes(device: str) -> int:
-    return int(0.85 * torch.cuda.mem_get_info(device)[1]) if device.startswith("cuda") else 0
+    return int(0.85 * torch.cuda.get_device_properties(device).total_memory) if device.startswith("cuda") else 0
+
+
+def device_free_bytes(device: str) -> int:
+    """The device's free memory as the driver sees it (every process's use); through NVML, so without
+    a context of our own. Without NVML (no pynvml), the CUDA runtime's answer, which makes one."""
+    try:
+        return torch.cuda.get_device_properties(device).total_memory - torch.cuda.device_memory_used(device)
+    except Exception:
+        return torch.cuda.mem_get_info(device)[0]
 
 
 def task_dtypes(ref: types.ModuleType, init_args: list) -> set[str]:
@@ -400,19 +404,24 @@ class Evaluation:
         self.model = None
         self._model64 = None
 
-    def reservation(self, already: int = 0):
-        """This evaluation's share of the GPU memory budget, held until it ends (less `already`
-        bytes it holds under another tag: its contexts, `context_reservation`)."""
+    @contextlib.contextmanager
+    def reservation(self):
+        """This evaluation's share of the GPU memory budget (its footprint, CUDA contexts included),
+        held until it ends. The judge's CUDA context is made only once admitted (set_device): a judge
+        waiting for the GPU holds none of its memory. On the H200, 35 waiting judges holding their
+        contexts (~1-4 GB each) left a 100 GB problem's judge too little, whatever the ledger said."""
         if not self.req.device.startswith("cuda"):
-            return memory_reservation(None, 0, 0)
-        budget = memory_budget_bytes(self.req.device)
+            yield
+            return
+        device = self.req.device
+        budget = memory_budget_bytes(device)
         # A rerun after an OOM takes the whole budget: it waits until no other judge holds GPU memory
         # (judges waiting for the exclusive lock keep theirs, so the lock alone would not free any).
         footprint = footprint_bytes(self.ref, self.init_args)
-        device = self.req.device
-        return memory_reservation(self.req.lock_path, max(0, (budget if self.req.exclusive else footprint) - already),
-                                  budget, free_bytes=lambda: torch.cuda.mem_get_info(device)[0],
-                                  need_free_bytes=min(footprint, budget))
+        with memory_reservation(self.req.lock_path, budget if self.req.exclusive else footprint, budget,
+                                free_bytes=lambda: device_free_bytes(device), need_free_bytes=min(footprint, budget)):
+            torch.cuda.set_device(device)
+            yield
 
     def build_model(self) -> None:
         """Model with weights from the secret seed, on the device (under the GPU lock)."""
@@ -789,9 +798,7 @@ def environment(device: str) -> dict:
 
 def evaluate(req: Request) -> dict:
     """Verdict fields for a candidate (mode eval), baseline times (mode baseline) or accepted probes (audit)."""
-    set_fp32_precision(req.precision)
-    if req.device.startswith("cuda"):
-        torch.cuda.set_device(req.device)
+    set_fp32_precision(req.precision)  # the device is set (its CUDA context made) once admitted: Evaluation.reservation
     if req.lock_path is None and req.lock_dir:  # the machine's lock of this device, whoever started the judge
         req.lock_path = device_lock_path(req.lock_dir, req.device)
     result: dict = {"env": environment(req.device), "timing_mode": req.timing_mode, "precision": req.precision}
@@ -824,23 +831,21 @@ def evaluate(req: Request) -> dict:
             measured = measure_task(ev, timed=req.mode != "filter-check", checked=req.mode == "filter-time")
         return {**result, **measured, "wait_s": waited + measured.get("wait_s", 0.0)}
     stack = contextlib.ExitStack()
-    # The judge's and the runner's CUDA contexts (and the runner's warm-up) exist from now on, while
-    # the candidate builds and the judge waits for the GPU: they are reserved from the start, or
-    # many callers waiting at once would hold memory no ledger knows of.
-    stack.enter_context(context_reservation(req))
-    runner = RunnerProcess(req)  # starts importing torch while the reference loads
+    runner = RunnerProcess(req)  # starts importing torch (no CUDA context yet) while the reference loads
     ev = Evaluation(req)
     phase_s, t0 = {}, time.perf_counter()
     try:
-        # Importing the candidate builds its extension: CPU work, outside the GPU lock.
+        # Admission first: the runner's load makes its CUDA context and warms it up (cuBLAS, cuDNN, the
+        # profiler), memory the ledger must know of; so the build runs under the reservation, outside
+        # the GPU lock (CPU work). Judges waiting here hold no GPU memory at all.
+        stack.enter_context(ev.reservation())
+        phase_s["wait_memory"], t0 = time.perf_counter() - t0, time.perf_counter()
         reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, files=req.candidate_files, device=req.device,
                                policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)),
                                timing_mode=req.timing_mode, precision=req.precision)
         result["env"]["sandbox"] = reply.get("sandbox")
         ev.add_flags(reply.get("flags"))
         phase_s["load"], t0 = time.perf_counter() - t0, time.perf_counter()
-        stack.enter_context(ev.reservation(already=CONTEXT_BYTES if req.device.startswith("cuda") else 0))
-        phase_s["wait_memory"], t0 = time.perf_counter() - t0, time.perf_counter()
         with gpu_lock(req.lock_path, exclusive=req.exclusive):
             ev.build_model()
             reply = runner.request(req.call_timeout_s, op="init", init_args=ev.init_args, state_dict=ev.model.state_dict(),
