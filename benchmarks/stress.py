@@ -342,39 +342,49 @@ def wait_all(running: list[Running], clock: Clock, by_key, calls: list[Call], ne
 
 # -- phases -----------------------------------------------------------------------------------------------
 def prebuild(cands: list[Candidate], args, env: dict, clock: Clock, logs: Path) -> dict:
-    """Build each candidate's extension where its judge's runner will load it from
-    (TORCH_EXTENSIONS_DIR/candidate-<sha256 of the code>), several at once, so the timed phases
-    measure judging, not compilers. Runs our own candidates outside the sandbox (trusted files)."""
-    todo = [c for c in cands if "load_inline" in c.path.read_text()]
-    clock.log(f"prebuild: {len(todo)} extensions, {args.build_parallel} at a time")
+    """Build the candidates' extensions before the timed phases, so they measure judging, not compilers."""
+    return build_extensions({c.label: c.path for c in cands}, args.build_parallel, args.python, env, clock, logs)
+
+
+def build_extensions(files: dict[str, Path], parallel: int, python: str, env: dict, clock: Clock, logs: Path) -> dict:
+    """Build each file's extension (files: label -> candidate) where its judge's runner will load it
+    from (TORCH_EXTENSIONS_DIR/candidate-<sha256 of the code>: a candidate without kernels/ files
+    beside it), `parallel` at once; label -> {ok, rc, s} (rc None: not started before the deadline). Runs the files outside the sandbox (trusted
+    files). Run it before any judge: a torch build lock left in those folders is then one of a killed
+    build (it would make every later build wait forever), and is removed."""
+    todo = [(label, path) for label, path in files.items() if "load_inline" in path.read_text()]
+    clock.log(f"prebuild: {len(todo)} extensions, {parallel} at a time")
     results, pending = {}, list(todo)
-    running: dict[subprocess.Popen, tuple[Candidate, float]] = {}
+    running: dict[subprocess.Popen, tuple[str, float]] = {}
     snippet = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='candidate_prebuild')"
     while pending or running:
         if pending and clock.left() <= MIN_CALL_S:
             clock.log(f"prebuild: deadline near, {len(pending)} extensions not built")
+            results.update({label: {"ok": False, "rc": None, "s": 0.0} for label, _ in pending})
             pending = []
-        while pending and len(running) < args.build_parallel:
-            c = pending.pop(0)
-            code = c.path.read_text()
+        while pending and len(running) < parallel:
+            label, path = pending.pop(0)
+            code = path.read_text()
             ext_dir = extensions_root() / ("candidate-" + hashlib.sha256(code.encode()).hexdigest()[:16])
             ext_dir.mkdir(parents=True, exist_ok=True)
-            log = open(logs / f"build-{c.kind}-L{c.level}-{c.path.stem}.log", "wb")
-            proc = subprocess.Popen([args.python, "-c", snippet, str(c.path)], stdout=log, stderr=subprocess.STDOUT,
+            for stale in ext_dir.glob("*/lock"):
+                stale.unlink()
+            log = open(logs / f"build-{label.replace('/', '-')}.log", "wb")
+            proc = subprocess.Popen([python, "-c", snippet, str(path)], stdout=log, stderr=subprocess.STDOUT,
                                     cwd=REPO, env=dict(env, TORCH_EXTENSIONS_DIR=str(ext_dir)), start_new_session=True)
             log.close()
-            running[proc] = (c, time.monotonic())
+            running[proc] = (label, time.monotonic())
         time.sleep(0.5)
-        for proc, (c, t0) in list(running.items()):
+        for proc, (label, t0) in list(running.items()):
             if proc.poll() is None and clock.left() > 0:
                 continue
             if proc.poll() is None:
                 kill_tree(proc)
             del running[proc]
             ok = proc.returncode == 0
-            results[c.label] = {"ok": ok, "rc": proc.returncode, "s": round(time.monotonic() - t0, 1)}
-            clock.log(f"prebuild {c.label}: {'built' if ok else f'FAILED (rc {proc.returncode}, see build log)'} "
-                      f"in {results[c.label]['s']:.0f}s")
+            results[label] = {"ok": ok, "rc": proc.returncode, "s": round(time.monotonic() - t0, 1)}
+            clock.log(f"prebuild {label}: {'built' if ok else f'FAILED (rc {proc.returncode}, see build log)'} "
+                      f"in {results[label]['s']:.0f}s")
     return results
 
 

@@ -9,7 +9,8 @@ OUT/trajectories.duckdb as it happens (`store.TrajectoryStore`).
 
 Resuming: a rollout whose row is `finished` is never run again; any other (`running`: the batch
 was killed; `failed`: our side raised) restarts from scratch, with a fresh workdir and its partial
-rows replaced. A model, endpoint or server that crashes, hangs or fails is a recorded result
+rows replaced. Ctrl-C (SIGINT) kills the judges in flight and ends the batch within seconds, its finished
+rollouts stored. A model, endpoint or server that crashes, hangs or fails is a recorded result
 (stop_reason `client_error`, `wall_time`, ...), and the judge still scores what the workdir holds;
 an exception of our own in one rollout marks it `failed` and the batch goes on.
 
@@ -46,6 +47,7 @@ from cudagym.agent.client import ChatClient, ClientConfig, Sampling
 from cudagym.agent.loop import TOOL_FORMATS, Agent, LoopConfig
 from cudagym.agent.pages import write_trajectory_pages
 from cudagym.agent.store import RolloutRecorder, TrajectoryStore, settings_of
+from cudagym.eval.evaluate import clear_stop, stop_live_judges
 from cudagym.tasks import Task, TaskError, load_task_set, parse_id_ranges
 
 DB_NAME = "trajectories.duckdb"
@@ -198,6 +200,13 @@ class _Batch:
 
         try:
             await asyncio.gather(*(bounded(task, sample) for task, sample in todo))
+        except asyncio.CancelledError:
+            # Ctrl-C (asyncio.run cancels this task): the cancel ends the rollouts' coroutines, but not the
+            # threads they wait on, and the loop waits for those threads before it ends. A verify whose
+            # judge builds its extension would hold it for minutes: kill the judges, so those threads
+            # return at once. The rollouts stay `running`, and a re-run starts them over.
+            stop_live_judges()
+            raise
         finally:
             await self.client.close()
 
@@ -337,8 +346,12 @@ def run_rollouts(config: RolloutConfig, progress: Callable[[str], None] | None =
         progress(f"{len(tasks) * config.n_samples} rollouts ({len(tasks)} tasks x {config.n_samples} samples): "
                  f"{len(tasks) * config.n_samples - len(todo)} finished before, {len(todo)} to run, {config.parallel} at once")
         if todo:
-            with endpoint(config, tasks) as base_url:
-                asyncio.run(_Batch(config, store, base_url, progress).run(todo))
+            try:
+                with endpoint(config, tasks) as base_url:
+                    asyncio.run(_Batch(config, store, base_url, progress).run(todo))
+            except BaseException:
+                clear_stop()  # the stopped judges' threads have ended (asyncio.run waited): later judges are not stopped
+                raise
         wanted = {rollout_id(t, s) for t in tasks for s in range(config.n_samples)}
         rows = [row for row in store.rollouts() if row["rollout_id"] in wanted]
         n_submitted = write_submission(rows, out / SUBMISSION_DIR)  # empties the folder: the pages come after

@@ -289,6 +289,8 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
             with _LIVE_LOCK:
                 _LIVE_JUDGES.add(proc)
+                if _STOPPING.is_set():  # the batch was stopped after the check above: this judge was started too late
+                    kill_tree(proc.pid)
             try:
                 killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s, on_line)
             finally:

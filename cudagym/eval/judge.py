@@ -317,6 +317,7 @@ class RunnerProcess:
                                "candidate-" + candidate_key(req.candidate_code, req.candidate_files))
         os.makedirs(ext_dir, exist_ok=True)
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TMPDIR=workdir, TORCH_EXTENSIONS_DIR=ext_dir,
+                   CUDAGYM_JUDGE_PID=str(os.getpid()),  # the runner dies with this judge (sandbox.die_with_parent)
                    TRITON_CACHE_DIR=os.path.join(workdir, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(workdir, "inductor"))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cudagym.eval.runner", str(child.fileno()), workdir, ext_dir],

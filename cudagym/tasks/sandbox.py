@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cudagym.tasks.confine import (CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER, CONFINE_FAILED, CONFINE_PREFIX,  # noqa: F401
-                                   MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, PR_SET_NO_NEW_PRIVS, check_rc,
+                                   MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG,
+                                   check_rc,
                                    load_libc, pseudo_fs)
 
 
@@ -77,6 +78,16 @@ class _CapHeader(ctypes.Structure):
 
 class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process as soon as `parent_pid`, the process that started it, ends. A judge runs
+    its candidate in a session of its own (so it can kill the candidate's compilers with it), which
+    the judge's own killers (a stopped batch, a timeout) do not reach: without this, a candidate
+    stuck in its import or build would outlive its judge."""
+    check_rc(load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    if os.getppid() != parent_pid:  # the parent ended before the line above
+        os._exit(1)
 
 
 def drop_capabilities() -> str | None:

@@ -1,5 +1,6 @@
 """`cudagym agent rollout | eval | show` (cudagym/cli.py): bad input, the views of a run, and a batch
-killed with SIGKILL mid-way that resumes without redoing its finished rollouts."""
+killed with SIGKILL mid-way that resumes without redoing its finished rollouts, and one stopped with
+SIGINT in the middle of a verify that ends within seconds and resumes likewise."""
 
 from __future__ import annotations
 
@@ -167,3 +168,81 @@ def test_the_replayed_expert_earns_what_eval_run_gives_the_same_kernels(capsys, 
     assert [p["problem_id"] for p in report["problems"]] == [1, 2, 4]
     assert report["timings"]["tools_ms"]["read_file"]["n"] == report["timings"]["tools_ms"]["verify"]["n"] == 3
     assert report["timings"]["env_tools_ms"]["n"] == 6  # read_file and write_file: the judge's calls left out
+
+
+SPIN = "\nfor _ in range(10**11):  # the import never ends: its verify is still running when the batch is stopped\n    pass\n"
+
+
+def _judges_of(marker: str) -> list[int]:
+    """Live processes whose command line names `marker` (the judges and runners of one test's TMPDIR)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigint_during_a_verify_stops_the_batch_at_once_and_a_rerun_resumes(tmp_path):
+    # Two rollouts at once: problem 2's replayed kernel is judged quickly, problem 4's never finishes
+    # importing. Ctrl-C (or timeout -s INT) while problem 4's verify runs must kill its judge, keep
+    # problem 2's finished rollout, say the run resumes, and end within seconds.
+    fast, slow = tmp_path / "fast" / "level1", tmp_path / "slow" / "level1"
+    hack = (REPO / "examples" / "submission_cpu" / "level1" / "2_ReLU_on_rand.py").read_text()
+    for folder in (fast, slow):
+        folder.mkdir(parents=True)
+        (folder / "2_ReLU_on_rand.py").write_text(hack)
+    (fast / "4_Diag_matmul.py").write_text(hack.replace("def forward(self, x)", "def forward(self, A, B)").replace(
+        "return x", "return B"))
+    (slow / "4_Diag_matmul.py").write_text((fast / "4_Diag_matmul.py").read_text() + SPIN)
+    out, judges_tmp = tmp_path / "out", tmp_path / "judges"
+    judges_tmp.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(judges_tmp)}
+
+    def command(replay: Path) -> list[str]:
+        return [sys.executable, "-m", "cudagym", "agent", "eval", "--tasks", str(EXAMPLES), "--levels", "1", "--ids",
+                "2,4", "--model", "scripted:replay", "--replay", str(replay.parent), "--device", "cpu", "--parallel",
+                "2", "--max-turns", "8", "--out", str(out)]
+
+    proc = subprocess.Popen(command(slow), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                            cwd=REPO)
+    try:
+        lines = []
+        for line in proc.stderr:  # the progress lines: problem 2's rollout finishes, problem 4's hangs in verify
+            lines.append(line)
+            if line.startswith("[1/2]"):
+                break
+        assert "Diag" not in lines[-1] and lines[-1].startswith("[1/2]"), lines
+        deadline = time.monotonic() + 60
+        while not _judges_of(str(judges_tmp)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _judges_of(str(judges_tmp)), "no judge running"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        rest = proc.communicate(timeout=60)[1]
+        stopped_in = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+        left = _judges_of(str(judges_tmp))
+        for pid in left:  # they run in sessions of their own: a failed stop must not leave them spinning
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "judges left running"
+    assert stopped_in < 15, f"took {stopped_in:.1f} s to stop"
+    assert proc.returncode == 130, rest
+    assert rest.count("re-run to resume") == 1, rest
+    with TrajectoryStore(out / "trajectories.duckdb", read_only=True) as store:
+        status = {r["problem_id"]: r["status"] for r in store.rollouts()}
+    assert status == {2: "finished", 4: "running"}
+
+    rerun = subprocess.run(command(fast), capture_output=True, text=True, env=env, cwd=REPO, timeout=200)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "1 finished before, 1 to run" in rerun.stderr
+    with TrajectoryStore(out / "trajectories.duckdb", read_only=True) as store:
+        rows = {r["problem_id"]: r for r in store.rollouts()}
+    assert {pid: r["status"] for pid, r in rows.items()} == {2: "finished", 4: "finished"}
+    assert rows[2]["attempt"] == 1 and rows[4]["attempt"] == 2
