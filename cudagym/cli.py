@@ -591,6 +591,19 @@ def _trajectory_store(run: str) -> Path:
     return db
 
 
+def _train_device(args) -> str:
+    """Where the model trains (and, in PPO, generates): checked here, so a missing GPU is one line."""
+    device = args.train_device
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--train-device {device}: no CUDA GPU is visible")
+    elif device != "cpu":
+        raise UsageError(f"--train-device {device}: cpu, cuda or cuda:N")
+    return device
+
+
 def cmd_train_rft(args) -> int:
     from cudagym.train.rft import RFTConfig, RFTSelect, write_dataset
     from cudagym.train.trajectories import load_trajectories
@@ -602,7 +615,7 @@ def cmd_train_rft(args) -> int:
 
         if not (Path(args.model) / "config.json").is_file():
             raise UsageError(f"--model {args.model} is not a transformers checkpoint folder (no config.json)")
-        sft = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch_size)
+        sft = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, device=_train_device(args))
 
         def on_step(row: dict) -> None:
             print(f"step {row['step']} (epoch {row['epoch']}): loss {_fmt(row['loss'])}", file=sys.stderr, flush=True)
@@ -638,7 +651,7 @@ def cmd_train_value(args) -> int:
         print(f"step {row['step']}: explained variance {_fmt(row['explained_variance'])}, value loss {_fmt(row['vf_loss'])}",
               file=sys.stderr, flush=True)
 
-    summary = value_stage(db, args.model, args.out, ppo, config, on_step=on_step)
+    summary = value_stage(db, args.model, args.out, ppo, config, on_step=on_step, device=_train_device(args))
     print(json.dumps(summary) if args.json else
           f"critic pretrained on {summary['rollouts']} rollouts in {summary['steps']} steps ({summary['stopped']}): "
           f"explained variance {_fmt(summary['explained_variance'])} (best {_fmt(summary['best_explained_variance'])}); "
@@ -661,7 +674,7 @@ def cmd_train_ppo(args) -> int:
     config = LocalPPOConfig(tasks=args.tasks, model=args.model, out=args.out, critic=args.critic, steps=args.steps,
                             rollouts_per_step=args.rollouts_per_step, levels=tuple(args.level) if args.level else None,
                             ids=args.ids, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                            device=args.device, ppo=ppo)
+                            device=args.device, policy_device=_train_device(args), ppo=ppo)
     rows = run_ppo(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     last = rows[-1]
     print(f"{len(rows)} PPO steps in {args.out}: last reward {_fmt(last['reward'])}, pass rate {_fmt(last['pass_rate'])}; "
@@ -684,6 +697,8 @@ def _add_train_commands(sub) -> None:
     rft.add_argument("--lr", type=float, default=1e-5, help="fine-tuning learning rate (default 1e-5)")
     rft.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs (default 2)")
     rft.add_argument("--batch-size", type=int, default=8, help="rollouts per optimizer step (default 8)")
+    rft.add_argument("--train-device", default="cpu",
+                       help="where the model trains: cpu (default), cuda or cuda:N")
     rft.set_defaults(func=cmd_train_rft)
     val = tr.add_parser("value", help="value pretraining: a critic for --model fitted to the GAE returns of a run's rollouts")
     val.add_argument("run", help="a `cudagym agent rollout --out` folder (or its trajectories.duckdb)")
@@ -698,6 +713,8 @@ def _add_train_commands(sub) -> None:
     val.add_argument("--mini-batch", type=int, default=256, help="rollouts per optimizer step (default 256)")
     val.add_argument("--micro-batch", type=int, default=1, help="rollouts per forward pass (default 1)")
     val.add_argument("--json", action="store_true", help="print the summary as JSON")
+    val.add_argument("--train-device", default="cpu",
+                       help="where the model trains: cpu (default), cuda or cuda:N")
     val.set_defaults(func=cmd_train_value)
     ppo = tr.add_parser("ppo", help="multi-turn PPO on the agent environment, the policy served by the trainer itself")
     ppo.add_argument("--engine", choices=("local", "verl"), default="local", help="local (one machine) or verl (no launcher yet: docs/train.md)")
@@ -714,6 +731,8 @@ def _add_train_commands(sub) -> None:
     ppo.add_argument("--device", default="cpu", help="where the judge runs (default cpu)")
     ppo.add_argument("--actor-lr", type=float, default=3e-6, help="default 3e-6, the paper's")
     ppo.add_argument("--critic-lr", type=float, default=6e-6, help="default 6e-6, the paper's")
+    ppo.add_argument("--train-device", default="cpu",
+                       help="where the model trains and generates: cpu (default), cuda or cuda:N")
     ppo.set_defaults(func=cmd_train_ppo)
 
 

@@ -90,3 +90,18 @@ def test_train_ppo_bad_model_is_one_line(tmp_path, capsys):
     assert main(["train", "ppo", "--tasks", "examples/problems", "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert "not a transformers checkpoint" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("stage", ["rft", "value"])
+@pytest.mark.parametrize("device, message", [("cuda", "no CUDA GPU is visible"), ("tpu", "cpu, cuda or cuda:N")])
+def test_train_device_without_a_gpu_is_one_line(store_path, tiny_checkpoint, tmp_path, capsys, stage, device, message):
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: cuda is a valid --train-device")
+    argv = ["train", stage, str(store_path), "--model", str(tiny_checkpoint), "--out", str(tmp_path / "o"),
+            "--train-device", device]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()  # refused before anything was written
