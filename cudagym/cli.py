@@ -375,7 +375,8 @@ def cmd_dataset_build(args) -> int:
                          scale=args.scale, transformers=not args.no_transformers, kb_version=args.kb_version,
                          min_eager_ms=args.min_eager_ms, max_eager_ms=args.max_eager_ms, task_timeout_s=args.timeout,
                          parallel=args.parallel or (os.cpu_count() or 1), runner=args.runner, address=args.address,
-                         llm=llm, **({"k_distribution": args.k_distribution} if args.k_distribution else {}),
+                         llm=llm, round_size=args.round_size, max_rounds=args.max_rounds,
+                         **({"k_distribution": args.k_distribution} if args.k_distribution else {}),
                          **({"transformers_share": args.transformers_share} if args.transformers_share is not None else {}))
     if args.prefect:
         from cudagym.flows.build_dataset import build_dataset
@@ -895,6 +896,10 @@ def build_parser() -> argparse.ArgumentParser:
     dsb.add_argument("--no-transformers", action="store_true", help="torch seeds only")
     dsb.add_argument("--transformers-share", type=float, default=None,
                      help="share of seed draws on transformers seeds (default 0.005: ~1-2%% of tasks, the paper's 1.2%%)")
+    dsb.add_argument("--round-size", type=int, default=None,
+                     help="candidates a round composes and filters at most (default: all the target still needs); "
+                          "small rounds publish rows sooner and bound what a stop loses (raise --max-rounds with it)")
+    dsb.add_argument("--max-rounds", type=int, default=6, help="compose/filter rounds at most (default 6)")
     dsb.add_argument("--prefect", action="store_true", help="run as the Prefect flow build_dataset")
     llm = dsb.add_argument_group("llm composer (OpenAI-compatible endpoint)")
     llm.add_argument("--model", help="model name (env CUDAGYM_LLM_MODEL)")

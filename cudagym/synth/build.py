@@ -59,6 +59,11 @@ class BuildConfig:
     transformers_share: float = TRANSFORMERS_SHARE  # of the seed draws (compose.ComposeConfig)
     oversample: float = 1.1  # margin on the candidates a round filters, beyond what the yield so far predicts
     max_rounds: int = 6
+    # Candidates a round composes and filters at most (None: all the target still needs). A large
+    # target in one round composes thousands before filtering any, a stop while composing loses the
+    # whole round, and a GPU filter times nothing until every candidate is checked: small rounds keep
+    # rows coming and bound what a stop loses. Such a build needs more rounds (max_rounds).
+    round_size: int | None = None
     kb_version: str = "v0.1"  # KernelBench version decontaminated against (levels 1-3)
     min_eager_ms: float | None = None  # None: the device's default window (filter.GPU_WINDOW_MS / CPU_WINDOW_MS)
     max_eager_ms: float | None = None
@@ -73,6 +78,8 @@ class BuildConfig:
             raise ValueError("target must be at least 1")
         if self.oversample < 1:
             raise ValueError("oversample must be >= 1")
+        if self.max_rounds < 0 or (self.round_size is not None and self.round_size < 1):
+            raise ValueError("max_rounds must be >= 0 and round_size >= 1")
         self.compose_config(0)
         self.filter_config()
 
@@ -102,7 +109,8 @@ class BuildConfig:
                  "min_eager_ms": self.min_eager_ms, "max_eager_ms": self.max_eager_ms,
                  "kb_version": self.kb_version if self.kb_version != "v0.1" else None,
                  "no_transformers": not self.transformers,
-                "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None}
+                "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None,
+                 "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):
             flags["k_distribution"] = {str(k): v for k, v in sorted(dict(self.k_distribution).items())}
         if self.llm is not None:
@@ -486,7 +494,8 @@ def filter_batch(store: BuildStore, config: BuildConfig, missing: int) -> int:
     results = list(store.filtered().values())
     kept = sum(r.keep for r in results)
     rate = kept / len(results) if len(results) >= 20 else 0.85
-    return math.ceil(missing / max(rate, 0.05) * config.oversample)
+    wanted = math.ceil(missing / max(rate, 0.05) * config.oversample)
+    return min(wanted, config.round_size) if config.round_size else wanted
 
 
 def unfiltered(stages: list[dict]) -> int:

@@ -181,6 +181,7 @@ def render_card(funnel: dict, n_rows: int, repo_id: str | None, *, dataset_info:
         "strong_threshold": _fmt(config.get("strong_threshold", _thresholds()[1])),
         "contamination_table": _contamination_table(contamination),
         "build_command": build_command(config),
+        "continue_note": continue_note(funnel, n_rows),
         "publish_command": f"cudagym dataset publish {shlex.quote(str(config.get('out', 'OUT')))} "
                            f"--repo {repo_id or 'OWNER/NAME'}",
         "versions": ", ".join(f"{k} {v}" for k, v in funnel["versions"].items()) or "not recorded",
@@ -211,6 +212,23 @@ def build_command(config: dict) -> str:
             value = json.dumps(value, separators=(",", ":"))
         args += [flag, shlex.quote(str(value))]
     return " ".join(args)
+
+
+def continue_note(funnel: dict, n_rows: int) -> str:
+    """For a build short of its target (stopped, or out of rounds): the size reached and the command
+    that continues it, on a Ray cluster for more GPUs; empty for a complete build."""
+    target = funnel["config"].get("target")
+    if not target or n_rows >= target:
+        return ""
+    return (f"\nThis build reached {n_rows:,} of its target {target:,} rows (status `{funnel.get('status', '?')}`). "
+            "The same command, run again on the same build folder, continues it where it stopped; on more GPUs, "
+            "with one filter worker per GPU of a Ray cluster (`--address` joins an existing one):\n\n"
+            f"```bash\n{build_command(config_for_ray(funnel['config']))}\n```\n")
+
+
+def config_for_ray(config: dict) -> dict:
+    """The build's flags with `--runner ray` and the device pinned to cuda (the driver may see no GPU)."""
+    return {**config, "device": "cuda", "runner": "ray"}
 
 
 def _check_funnel(funnel: dict) -> None:

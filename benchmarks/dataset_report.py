@@ -1,0 +1,205 @@
+"""Issue 17 acceptance 2-3: what a `cudagym dataset build` call on the GPU achieved, from the build's
+own records (BUILD/build.duckdb, BUILD/funnel.json, BUILD/dataset/).
+
+    python benchmarks/dataset_report.py BUILD --wall-s SECONDS [--gpus 1] [--out DIR]
+
+Each run given --wall-s is one device call: it appends the call's totals to BUILD/calls.jsonl (so the next call's
+report takes its deltas from there: the build folder travels between calls) and writes DIR/report.md
+and DIR/report.json over all calls so far:
+
+- kept tasks per GPU-minute (target >= 60): candidates the filter kept during the call over the
+  call's build wall x GPUs;
+- yield (target >= 60%): filter kept / filtered, per call and overall, and published / composed;
+- the funnel (funnel.json's stages), the K and data-source distribution against CUDA-Agent-Ops-6K's,
+  and the eager times and scales of the kept candidates against all filtered (the scale sizing);
+- re-execution: published rows that ran eager and under torch.compile on a GPU (filter_device not
+  cpu, both times present);
+- the state that must travel to resume: build.duckdb's size, per 1,000 published rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+
+# CUDA-Agent-Ops-6K's composition (6,000 tasks): data_source -> tasks; torch#2 is 83.77%.
+PAPER_SOURCES = {"torch#1": 204, "torch#2": 5026, "torch#3": 457, "torch#4": 168, "torch#5": 74, "transformers": 71}
+TARGET_PER_GPU_MIN, TARGET_YIELD = 60.0, 0.60
+
+
+def totals(build: Path) -> dict:
+    """Cumulative counts of the build so far (read-only: the build must not be running)."""
+    db = duckdb.connect(str(build / "build.duckdb"), read_only=True)
+    try:
+        composed = db.execute("SELECT count(*) FROM candidates").fetchone()[0]
+        filtered, kept = db.execute("SELECT count(*), count(*) FILTER (WHERE keep) FROM filtered").fetchone()
+        checked = db.execute("SELECT count(*) FROM checked").fetchone()[0]
+    finally:
+        db.close()
+    return {"composed": composed, "filtered": filtered, "kept": kept, "checked_untimed": checked,
+            "published": len(published_rows(build))}
+
+
+def published_rows(build: Path) -> list[dict]:
+    """The rows of BUILD/dataset (pyarrow, not datasets: the report needs no more than the build)."""
+    shards = sorted((build / "dataset" / "data").glob("*.parquet"))
+    return [row for shard in shards for row in pq.read_table(shard).to_pylist()]
+
+
+def filter_detail(build: Path) -> list[dict]:
+    """Every filter decision with its candidate's scale and K (from the candidate's provenance)."""
+    db = duckdb.connect(str(build / "build.duckdb"), read_only=True)
+    try:
+        rows = db.execute("SELECT f.keep, f.reason, f.t_eager_ms, c.provenance FROM filtered f "
+                          "JOIN candidates c USING (sha256)").fetchall()
+    finally:
+        db.close()
+    out = []
+    for keep, reason, t_eager, prov in rows:
+        prov = json.loads(prov)
+        out.append({"keep": keep, "reason": reason, "eager_ms": t_eager, "scale": prov.get("scale"),
+                    "k": prov.get("k")})
+    return out
+
+
+def record_call(build: Path, wall_s: float, gpus: int) -> list[dict]:
+    """Append this call's deltas to BUILD/calls.jsonl; all calls so far."""
+    log = build / "calls.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    now = totals(build)
+    before = calls[-1]["totals"] if calls else {k: 0 for k in now}
+    delta = {k: now[k] - before.get(k, 0) for k in now}
+    calls.append({"call": len(calls) + 1, "wall_s": round(wall_s, 1), "gpus": gpus, "totals": now, "delta": delta})
+    with log.open("a") as f:
+        f.write(json.dumps(calls[-1]) + "\n")
+    return calls
+
+
+def per_call(call: dict) -> dict:
+    d, gpu_min = call["delta"], call["wall_s"] * call["gpus"] / 60
+    return {"call": call["call"], "wall_s": call["wall_s"], "gpus": call["gpus"], **d,
+            "kept_per_gpu_min": round(d["kept"] / gpu_min, 1) if gpu_min else None,
+            "yield": round(d["kept"] / d["filtered"], 4) if d["filtered"] else None}
+
+
+def _pct(n: float, total: float) -> str:
+    return f"{100 * n / total:.2f}%" if total else "–"
+
+
+def report(build: Path, calls: list[dict], packed: Path | None = None) -> dict:
+    funnel = json.loads((build / "funnel.json").read_text())
+    rows = published_rows(build)
+    detail = filter_detail(build)
+    now = calls[-1]["totals"]
+    wall_gpu_min = sum(c["wall_s"] * c["gpus"] for c in calls) / 60
+    sources = Counter(r["data_source"] for r in rows)
+    on_gpu = [r for r in rows if r["filter_device"] != "cpu" and r["eager_ms"] > 0 and r["compile_ms"] > 0]
+    kept_ms = [d["eager_ms"] for d in detail if d["keep"]]
+    by_scale = {}
+    for d in detail:
+        s = by_scale.setdefault(str(d["scale"]), Counter())
+        s["filtered"] += 1
+        s["kept" if d["keep"] else d["reason"]] += 1
+    size = (build / "build.duckdb").stat().st_size
+    return {
+        "calls": [per_call(c) for c in calls],
+        "overall": {**now, "gpu_min": round(wall_gpu_min, 2),
+                    "kept_per_gpu_min": round(now["kept"] / wall_gpu_min, 1) if wall_gpu_min else None,
+                    "yield": round(now["kept"] / now["filtered"], 4) if now["filtered"] else None,
+                    "published_per_composed": round(now["published"] / now["composed"], 4) if now["composed"] else None,
+                    "targets": {"kept_per_gpu_min": TARGET_PER_GPU_MIN, "yield": TARGET_YIELD}},
+        "status": funnel.get("status"), "note": funnel.get("note"), "config": funnel["config"],
+        "stages": funnel["stages"],
+        "k_distribution": funnel["k_distribution"],
+        "sources": {src: {"here": sources.get(src, 0), "share": _pct(sources.get(src, 0), len(rows)),
+                          "paper": PAPER_SOURCES.get(src, 0), "paper_share": _pct(PAPER_SOURCES.get(src, 0), 6000)}
+                    for src in sorted(set(PAPER_SOURCES) | set(sources))},
+        "re_executed_on_gpu": {"rows": len(rows), "eager_and_compiled_on_gpu": len(on_gpu),
+                               "devices": dict(Counter(r["filter_device"] for r in rows))},
+        "kept_eager_ms": {"n": len(kept_ms), "min": min(kept_ms, default=None), "median":
+                          statistics.median(kept_ms) if kept_ms else None, "max": max(kept_ms, default=None)},
+        "by_scale": {k: dict(v) for k, v in sorted(by_scale.items())},
+        # what travels between calls; per 1,000 rows only means something beyond DuckDB's fixed blocks (MBs)
+        "state": {"build_duckdb_bytes": size, **({"packed_bytes": packed.stat().st_size,
+                  "packed_per_1000_rows": round(packed.stat().st_size / len(rows) * 1000) if rows else None}
+                  if packed else {})},
+    }
+
+
+def markdown(r: dict) -> str:
+    o = r["overall"]
+    lines = [f"# Dataset build report ({r['status']}: {o['published']} rows published)", ""]
+    if r["note"]:
+        lines += [f"Note: {r['note']}", ""]
+    lines += ["| call | wall s | GPUs | composed | filtered | kept | published | kept / GPU-min | yield |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in r["calls"]:
+        lines.append(f"| {c['call']} | {c['wall_s']} | {c['gpus']} | {c['composed']} | {c['filtered']} | {c['kept']} | "
+                     f"{c['published']} | {c['kept_per_gpu_min']} | {c['yield']} |")
+    lines += [f"| all | {sum(c['wall_s'] for c in r['calls'])} | | {o['composed']} | {o['filtered']} | {o['kept']} | "
+              f"{o['published']} | **{o['kept_per_gpu_min']}** (target >= {TARGET_PER_GPU_MIN:g}) | "
+              f"**{o['yield']}** (target >= {TARGET_YIELD:g}) |", "",
+              f"Published per composed candidate: {o['published_per_composed']}; checked in pass 1, not yet timed: "
+              f"{o['checked_untimed']}.", "", "## Funnel", "",
+              "| stage | in | kept | dropped |", "| --- | --- | --- | --- |"]
+    for s in r["stages"]:
+        top = sorted(((k, v) for k, v in s["dropped"].items() if v), key=lambda kv: -kv[1])
+        dropped = ", ".join(f"{k} {v}" for k, v in top[:6]) + (f", {len(top) - 6} more reasons" if len(top) > 6 else "")
+        lines.append(f"| {s['stage']} | {s['in']} | {s['kept']} | {dropped or '–'} |")
+    lines += ["", "## Sources against CUDA-Agent-Ops-6K", "", "| data_source | here | share | paper (of 6,000) | paper share |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {k} | {v['here']} | {v['share']} | {v['paper']} | {v['paper_share']} |" for k, v in r["sources"].items()]
+    lines += ["", f"K distribution (funnel): {r['k_distribution']}", "", "## Scales (filter decisions)", "",
+              "| scale | filtered | kept | too_fast | too_slow | other drops |", "| --- | --- | --- | --- | --- | --- |"]
+    for scale, c in r["by_scale"].items():
+        other = c["filtered"] - c.get("kept", 0) - c.get("too_fast", 0) - c.get("too_slow", 0)
+        lines.append(f"| {scale} | {c['filtered']} | {c.get('kept', 0)} | {c.get('too_fast', 0)} | {c.get('too_slow', 0)} | {other} |")
+    g, e, st = r["re_executed_on_gpu"], r["kept_eager_ms"], r["state"]
+    ms = {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
+    lines += ["", f"Kept eager ms: n {ms['n']}, min {ms['min']}, median {ms['median']}, max {ms['max']}.",
+              f"Re-executed: {g['eager_and_compiled_on_gpu']} of {g['rows']} published rows ran eager and under "
+              f"torch.compile on a GPU; devices {g['devices']}.",
+              f"State: build.duckdb {st['build_duckdb_bytes']:,} bytes"
+              + (f", packed {st['packed_bytes']:,} bytes ({st['packed_per_1000_rows']:,} per 1,000 published rows)"
+                 if st.get("packed_bytes") else "") + ".", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("build", type=Path, help="the `cudagym dataset build` folder (--out)")
+    ap.add_argument("--wall-s", type=float, default=None,
+                    help="this call's build wall, seconds: records the call in BUILD/calls.jsonl (without: report only)")
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--packed", type=Path, default=None, help="the packed resumable state, to report its size")
+    ap.add_argument("--out", type=Path, default=None, help="folder for report.md and report.json (default BUILD)")
+    args = ap.parse_args(argv)
+    if not (args.build / "funnel.json").is_file():
+        print(f"dataset_report: no funnel.json in {args.build} (the build wrote nothing yet)", file=sys.stderr)
+        return 1
+    out = args.out or args.build
+    out.mkdir(parents=True, exist_ok=True)
+    log = args.build / "calls.jsonl"
+    if args.wall_s is not None:
+        calls = record_call(args.build, args.wall_s, args.gpus)
+    elif log.exists():
+        calls = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    else:
+        print(f"dataset_report: no calls recorded in {log}: pass --wall-s", file=sys.stderr)
+        return 1
+    r = report(args.build, calls, args.packed)
+    (out / "report.json").write_text(json.dumps(r, indent=2) + "\n")
+    (out / "report.md").write_text(markdown(r))
+    print(markdown(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

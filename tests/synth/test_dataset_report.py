@@ -1,0 +1,66 @@
+"""benchmarks/dataset_report.py on a real small CPU build done in two "calls" with small rounds, as
+benchmarks/dataset_gpu.sh runs it on the GPU: its numbers are the build's own."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from cudagym.synth.build import BuildConfig, build_dataset
+from cudagym.synth.publish import read_build_rows
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("dataset_report", REPO / "benchmarks" / "dataset_report.py")
+dataset_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dataset_report)
+
+pytestmark = pytest.mark.slow
+
+
+def _config(out, target):
+    return BuildConfig(out=str(out), target=target, seed=7, transformers=False, parallel=2, round_size=3, max_rounds=20)
+
+
+def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path):
+    out = tmp_path / "build"
+    build_dataset(_config(out, 3))
+    assert dataset_report.main([str(out), "--wall-s", "60", "--out", str(tmp_path / "r1")]) == 0
+    funnel = build_dataset(_config(out, 5))  # the next call: a larger target resumes the same folder
+    with tarfile.open(tmp_path / "state.tar.gz", "w:gz") as tar:
+        tar.add(out / "build.duckdb", "build.duckdb")
+    assert dataset_report.main([str(out), "--wall-s", "30", "--out", str(tmp_path / "r2")]) == 0
+    assert dataset_report.main([str(out), "--packed", str(tmp_path / "state.tar.gz"), "--out", str(tmp_path / "r2")]) == 0
+
+    db = duckdb.connect(str(out / "build.duckdb"), read_only=True)
+    composed = db.execute("SELECT count(*) FROM candidates").fetchone()[0]
+    filtered, kept = db.execute("SELECT count(*), count(*) FILTER (WHERE keep) FROM filtered").fetchone()
+    round_sizes = [n for (n,) in db.execute("SELECT count(*) FROM candidates GROUP BY round").fetchall()]
+    db.close()
+    assert max(round_sizes) <= 3  # --round-size bounds what a round composes
+
+    report = json.loads((tmp_path / "r2" / "report.json").read_text())
+    rows = read_build_rows(out / "dataset")
+    assert len(rows) == 5 and funnel["status"] == "complete"
+    first, second = report["calls"]
+    assert first["published"] == 3 and second["published"] == 2  # per call: deltas of the totals
+    assert first["filtered"] + second["filtered"] == filtered and first["kept"] + second["kept"] == kept
+    assert first["kept_per_gpu_min"] == round(first["kept"] / 1.0, 1)  # 60 s on one GPU is one GPU-minute
+    overall = report["overall"]
+    assert (overall["composed"], overall["filtered"], overall["kept"], overall["published"]) == (composed, filtered, kept, 5)
+    assert overall["yield"] == round(kept / filtered, 4) and overall["gpu_min"] == 1.5
+    assert report["stages"] == funnel["stages"] and report["k_distribution"] == funnel["k_distribution"]
+    assert sum(v["here"] for v in report["sources"].values()) == 5
+    assert sum(v["paper"] for v in report["sources"].values()) == 6000
+    assert report["sources"]["torch#2"]["paper_share"] == "83.77%"
+    # a CPU build: every row ran eager and compiled, but not on a GPU
+    assert report["re_executed_on_gpu"] == {"rows": 5, "eager_and_compiled_on_gpu": 0, "devices": {"cpu": 5}}
+    assert all(r["eager_ms"] > 0 and r["compile_ms"] > 0 for r in rows)
+    assert report["by_scale"]["1"]["filtered"] == filtered
+    assert report["state"]["packed_bytes"] == (tmp_path / "state.tar.gz").stat().st_size
+    md = (tmp_path / "r2" / "report.md").read_text()
+    assert f"| all | 90.0 |" in md and "| torch#2 |" in md and "0 of 5 published rows" in md
