@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 16 "Baselines fast from cold": its GPU runs, one step per device call. On the GPU box, from the
+# repo root (carry .whl and .kb; for warm also .devout, for ab also .kbsrc):
+#   bash benchmarks/baseline_gpu.sh STEP [SECONDS]
+# STEP:
+#   cold  all 250 v0.1 L1-3 baselines from cold build caches (a fresh CUDAGYM_CACHE, so a machine left
+#         warm by an earlier call is cold too), timed; then `baseline cache export` of what it compiled,
+#         into $OUT as compile-cache.zip, or as 15 MiB parts compile-cache.zip.part-NN when over the
+#         16 MiB a returned file may have. Carry them back as .devout/ for warm.
+#   warm  `baseline cache import` of the carried .devout/compile-cache.zip* into a fresh cache, then the
+#         same run into a fresh DB, timed (acceptance 1: under 5 minutes).
+#   ab    acceptance 2 on IDS (default 1-5) of each level of KBV (default v0.1): `cudagym baseline run
+#         --precision kernelbench`, then KernelBench's own loop (benchmarks/kernelbench_baseline_ab.py
+#         theirs, fp32 and torch's TF32 defaults, cold inductor/Triton caches of its own) in the time
+#         left, then the table (compare). Make .kbsrc first: python benchmarks/kernelbench_baseline_ab.py
+#         checkout <KernelBench git dir>.
+# SECONDS (default 540) bounds the step, setup and exports included, inside the call's 600 s. Under $OUT: env.txt,
+# summary.txt (one line per step) and the step's files (at most 8 in all); progress logs carry the
+# seconds since the run started in their first column, for the time split.
+set -uo pipefail
+START=$(date +%s)  # the bound counts the setup too: the call's 600 s do
+source "$(dirname "$0")/gpu_env.sh" || exit 1
+STEP=$1; LIMIT=${2:-540}
+PARALLEL=${PARALLEL:-16}; PRECISION=${PRECISION:-strict}; KBV=${KBV:-v0.1}; IDS=${IDS:-1-5}
+left() { echo $(( LIMIT - ($(date +%s) - START) )); }
+stamp() { SECONDS=0; local line; while IFS= read -r line; do printf '%4d %s\n' "$SECONDS" "$line"; done; }
+# From a stamped progress log: when compiles and stored baselines came (the time split).
+split_times() {
+  awk '$NF == "compiled" { if (c0 == "") c0 = $1; c1 = $1 } $NF == "stored" { if (s0 == "") s0 = $1; s1 = $1; n++ }
+       END { printf "compiled (compile judges) %s-%s s, stored %d at %s-%s s", c0, c1, n, s0, s1 }' "$1"
+}
+# A cudagym baseline run of everything selected into a fresh DB: sets RC and WALL.
+baselines() {  # LOG DB ARGS...
+  local log=$1 db=$2 t0; shift 2; rm -f "$db" "$db.wal"; t0=$(date +%s)
+  timeout -k 20 -s INT "$(( $(left) - 30 ))" python3 -m cudagym baseline run --kb-version "$KBV" --levels 1,2,3 \
+    --parallel "$PARALLEL" --db "$db" --json "$@" 2> >(stamp > "$log") > "${log%.log}.json"
+  RC=$?; WALL=$(( $(date +%s) - t0 )); sleep 1  # the stamping subshell writes its last lines
+}
+fresh_cache() { export CUDAGYM_CACHE; CUDAGYM_CACHE=$(mktemp -d /tmp/cudagym-cache.XXXX); }
+
+case $STEP in
+  cold)
+    fresh_cache
+    baselines "$OUT/cold.log" /tmp/cold.duckdb --precision "$PRECISION"
+    t0=$(date +%s)
+    python3 -m cudagym baseline cache export /tmp/compile-cache.zip >> "$OUT/cold.log" 2>&1
+    size=$(stat -c %s /tmp/compile-cache.zip 2>/dev/null || echo 0)
+    if [ "$size" -gt $(( 16 * 1024 * 1024 )) ]; then
+      split -b 15M -d /tmp/compile-cache.zip "$OUT/compile-cache.zip.part-"  # cat them back together
+    else
+      cp /tmp/compile-cache.zip "$OUT/" 2>/dev/null
+    fi
+    echo "cold rc=$RC run ${WALL}s, $(split_times "$OUT/cold.log"); export $(( $(date +%s) - t0 ))s $(( size / 1024 ))KiB" \
+      | tee -a "$OUT/summary.txt" ;;
+  warm)
+    fresh_cache
+    cat .devout/compile-cache.zip* > /tmp/compile-cache.zip || exit 1  # one file, or its parts in order
+    t0=$(date +%s)
+    python3 -m cudagym baseline cache import /tmp/compile-cache.zip > "$OUT/warm_import.txt" 2>&1
+    imported=$(( $(date +%s) - t0 ))
+    baselines "$OUT/warm.log" /tmp/warm.duckdb --precision "$PRECISION"
+    echo "warm rc=$RC import ${imported}s run ${WALL}s, $(split_times "$OUT/warm.log")" | tee -a "$OUT/summary.txt" ;;
+  ab)
+    fresh_cache
+    baselines "$OUT/ab_ours.log" /tmp/ab.duckdb --ids "$IDS" --precision kernelbench
+    ours=$WALL ours_rc=$RC
+    # Their loop gets cold inductor and Triton caches of its own, and the time left but 40 s for the table.
+    TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) timeout -k 10 -s INT "$(( $(left) - 40 ))" \
+      python3 benchmarks/kernelbench_baseline_ab.py theirs --kb-version "$KBV" --levels 1,2,3 --ids "$IDS" \
+      --out "$OUT/ab_theirs.jsonl" --deadline-s "$(( $(left) - 100 ))" 2> >(stamp > "$OUT/ab_theirs.log")
+    theirs_rc=$?; sleep 1
+    python3 benchmarks/kernelbench_baseline_ab.py compare --theirs "$OUT/ab_theirs.jsonl" --db /tmp/ab.duckdb \
+      --ours-wall-s "$ours" --precision kernelbench --out "$OUT/ab.json" > "$OUT/ab_table.txt" 2>&1
+    echo "ab ids $IDS rc ours=$ours_rc theirs=$theirs_rc; $(tail -2 "$OUT/ab_table.txt" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+    cat "$OUT/ab_table.txt" ;;
+  *) echo "unknown step $STEP (cold, warm, ab)"; exit 2 ;;
+esac
