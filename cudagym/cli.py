@@ -349,6 +349,19 @@ def cmd_dedup_check(args) -> int:
     return 0
 
 
+def _scale(text: str) -> int | str:
+    """--scale: a whole number >= 1, or `search` (each candidate sized to the runtime window)."""
+    if text == "search":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"scale must be a whole number >= 1 or 'search', got {text!r}")
+    return value
+
+
 def _k_distribution(text: str) -> dict[int, float]:
     """'1:0.1,2:0.8,3:0.1' or a JSON object -> {1: 0.1, 2: 0.8, 3: 0.1}."""
     try:
@@ -372,7 +385,9 @@ def cmd_dataset_build(args) -> int:
         llm = LLMConfig(cache_path=None if cache == "none" else cache, **{k: v for k, v in given.items() if v is not None})
     device = args.device or _default_device()
     config = BuildConfig(out=args.out, composer=args.composer, target=args.target, seed=args.seed, device=device,
-                         scale=args.scale, transformers=not args.no_transformers, kb_version=args.kb_version,
+                         scale=1 if args.scale == "search" else args.scale, scale_search=args.scale == "search",
+                         max_scale=args.max_scale, scale_start=args.scale_start, scale_probes=args.scale_probes,
+                         transformers=not args.no_transformers, kb_version=args.kb_version,
                          min_eager_ms=args.min_eager_ms, max_eager_ms=args.max_eager_ms, task_timeout_s=args.timeout,
                          parallel=args.parallel or (os.cpu_count() or 1), runner=args.runner, address=args.address,
                          llm=llm, round_size=args.round_size, max_rounds=args.max_rounds,
@@ -886,7 +901,13 @@ def build_parser() -> argparse.ArgumentParser:
     dsb.add_argument("--target", type=int, default=200, help="rows to publish (default 200)")
     dsb.add_argument("--seed", type=int, default=0)
     dsb.add_argument("--device", default=None, help="where the filter runs: cuda or cpu (default: cuda if visible)")
-    dsb.add_argument("--scale", type=int, default=1, help="multiply composed tasks' dims (GPU-sized tasks: 8-32)")
+    dsb.add_argument("--scale", type=_scale, default=1,
+                     help="multiply composed tasks' dims (GPU-sized tasks: 8-32), or 'search': size each "
+                          "programmatic candidate to the runtime window (its scale searched with the filter's timing)")
+    dsb.add_argument("--max-scale", type=int, default=128, help="--scale search: the largest scale tried (default 128)")
+    dsb.add_argument("--scale-start", type=int, default=16, help="--scale search: the first scale timed (default 16)")
+    dsb.add_argument("--scale-probes", type=int, default=6,
+                     help="--scale search: eager timings per candidate at most (default 6)")
     dsb.add_argument("--k-distribution", type=_k_distribution, default=None,
                      help="weights of K composed ops, e.g. 1:0.1,2:0.8,3:0.1 (default: the paper's)")
     dsb.add_argument("--min-eager-ms", type=float, default=None, help="runtime window (default 1 ms on GPU, 0.01 on CPU)")

@@ -37,7 +37,7 @@ from typing import Mapping
 from cudagym.synth.compose import PAPER_K_DISTRIBUTION, TRANSFORMERS_SHARE, ComposeConfig, ComposeStep, ComposeStopped
 from cudagym.synth.labels import data_source_of, ops_from_code
 from cudagym.synth.filter import FilterConfig, FilterResult, run_filter
-from cudagym.tasks import Task, TaskError
+from cudagym.tasks import Task, TaskError, sha256_text
 from cudagym.tasks.db import connect
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,12 @@ class BuildConfig:
     seed: int = 0
     device: str = "cpu"
     scale: int = 1  # multiplies every symbolic dim of composed tasks (GPU-sized tasks need more)
+    # Size each candidate to the window instead (scale.ScaleSearch: its scale searched until the
+    # filter's eager time lands inside); programmatic composer and scale 1 only.
+    scale_search: bool = False
+    max_scale: int = 128  # the search's largest scale (the composer's element bound may cap it lower)
+    scale_start: int = 16  # its first probe
+    scale_probes: int = 6  # its eager timings per candidate at most
     k_distribution: Mapping[int, float] = field(default_factory=lambda: dict(PAPER_K_DISTRIBUTION))
     transformers: bool = True  # crawl transformers seeds too (a core dependency)
     transformers_share: float = TRANSFORMERS_SHARE  # of the seed draws (compose.ComposeConfig)
@@ -82,6 +88,11 @@ class BuildConfig:
             raise ValueError("max_rounds must be >= 0 and round_size >= 1")
         self.compose_config(0)
         self.filter_config()
+        if self.scale_search:
+            if self.composer != "programmatic" or self.scale != 1:
+                raise ValueError("the scale search sizes programmatic candidates, instead of a fixed scale: "
+                                 "use --scale search with --composer programmatic")
+            self.search_config()
 
     def compose_config(self, round_: int, n_tasks: int = 1) -> ComposeConfig:
         return ComposeConfig(composer=self.composer, n_tasks=n_tasks, k_distribution=self.k_distribution,
@@ -93,9 +104,18 @@ class BuildConfig:
                             task_timeout_s=self.task_timeout_s, parallel=self.parallel, runner=self.runner,
                             address=self.address)
 
+    def search_config(self):
+        from cudagym.synth.scale import ScaleSearch
+
+        return ScaleSearch(self.filter_config().window_ms, max_scale=self.max_scale,
+                           start=min(self.scale_start, self.max_scale), max_probes=self.scale_probes)
+
     def identity(self) -> dict:
-        """What the stored work depends on: a rerun with other values must not mix with it."""
-        return {"composer": self.composer, "seed": self.seed, "device": self.device, "scale": self.scale,
+        """What the stored work depends on: a rerun with other values must not mix with it. The
+        scale search appears only when on, so builds made before it existed still resume."""
+        search = {"scale_search": {"max_scale": self.max_scale, "start": self.scale_start,
+                                   "probes": self.scale_probes}} if self.scale_search else {}
+        return {**search, "composer": self.composer, "seed": self.seed, "device": self.device, "scale": self.scale,
                 "k_distribution": {str(k): v for k, v in sorted(dict(self.k_distribution).items())},
                 "transformers": self.transformers, "transformers_share": self.transformers_share,
                 "kb_version": self.kb_version,
@@ -105,7 +125,8 @@ class BuildConfig:
     def command_flags(self) -> dict:
         """The flags of `cudagym dataset build` that regenerate this build (for the data card)."""
         flags = {"out": Path(self.out).name, "composer": self.composer, "target": self.target, "seed": self.seed,
-                 "device": self.device, "scale": self.scale if self.scale != 1 else None,
+                 "device": self.device,
+                 "scale": "search" if self.scale_search else self.scale if self.scale != 1 else None,
                  "min_eager_ms": self.min_eager_ms, "max_eager_ms": self.max_eager_ms,
                  "kb_version": self.kb_version if self.kb_version != "v0.1" else None,
                  "no_transformers": not self.transformers,
@@ -113,6 +134,10 @@ class BuildConfig:
                  "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):
             flags["k_distribution"] = {str(k): v for k, v in sorted(dict(self.k_distribution).items())}
+        if self.scale_search:
+            flags.update(max_scale=self.max_scale if self.max_scale != 128 else None,
+                         scale_start=self.scale_start if self.scale_start != 16 else None,
+                         scale_probes=self.scale_probes if self.scale_probes != 6 else None)
         if self.llm is not None:
             flags["model"] = self.llm.model
         return flags
@@ -130,6 +155,10 @@ _SCHEMA = (
         detail VARCHAR, t_eager_ms DOUBLE, t_compile_ms DOUBLE, device VARCHAR, created TIMESTAMP)""",
     # a GPU filter's first pass, for candidates it passed and the second pass has not timed yet
     "CREATE TABLE IF NOT EXISTS checked (sha256 VARCHAR PRIMARY KEY, measured VARCHAR, created TIMESTAMP)",
+    # the scale search (--scale search): per composed candidate (its scale-1 sha256), the probes, the
+    # choice or the reason there is none, and the sized task the candidates table got
+    """CREATE TABLE IF NOT EXISTS sized (sha256 VARCHAR PRIMARY KEY, reason VARCHAR, scale INTEGER,
+        eager_ms DOUBLE, probes VARCHAR, code VARCHAR, provenance VARCHAR, created TIMESTAMP)""",
 )
 
 
@@ -230,6 +259,20 @@ class BuildStore:
     def add_checked(self, sha: str, measured: dict) -> None:
         self.db.execute("INSERT OR REPLACE INTO checked VALUES (?, ?, now())", [sha, json.dumps(measured)])
 
+    def sized(self) -> dict[str, dict]:
+        """{composed sha256: {reason, scale, eager_ms, probes ({scale: ms or None}), task (None: not sized)}}."""
+        rows = self.db.execute("SELECT sha256, reason, scale, eager_ms, probes, code, provenance FROM sized").fetchall()
+        return {sha: {"reason": reason, "scale": scale, "eager_ms": eager_ms,
+                      "probes": {int(k): v for k, v in json.loads(probes).items()},
+                      "task": Task(id="", name="", code=code, source="synth", provenance=json.loads(prov)) if code else None}
+                for sha, reason, scale, eager_ms, probes, code, prov in rows}
+
+    def add_sized(self, sha: str, task: Task | None, choice) -> None:
+        self.db.execute("INSERT OR REPLACE INTO sized VALUES (?, ?, ?, ?, ?, ?, ?, now())",
+                        [sha, choice.reason, choice.scale, choice.eager_ms,
+                         json.dumps({str(k): v for k, v in sorted(choice.probes.items())}),
+                         task.code if task else None, json.dumps(task.provenance) if task else None])
+
 
 # -- stages -----------------------------------------------------------------------------------------
 def crawl_stage(config: BuildConfig) -> tuple[list, dict]:
@@ -251,7 +294,9 @@ def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: i
         return 0
     step = ComposeStep(config.compose_config(round_, n_tasks), progress=lambda line: _say(f"compose round {round_}: {line}"))
     try:
-        tasks = list(step.run(seeds))
+        tasks = composed = list(step.run(seeds))
+        if config.scale_search:
+            tasks = scale_stage(store, seeds, config, round_, composed)
     except ComposeStopped as e:  # the round is not stored; what was answered is in the composer's cache
         e.progress = f"round {round_} unfinished ({e.progress})" if e.progress else f"round {round_} unfinished"
         raise
@@ -259,14 +304,59 @@ def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: i
         raise ComposeStopped("interrupted", f"{INTERRUPTED}; round {round_} unfinished") from None
     added = store.add_candidates(tasks, round_)
     stats = Counter(step.stats)
-    stats["dropped_duplicate"] += len(tasks) - added  # the same code as an earlier round's candidate
-    stats["kept"] -= len(tasks) - added
+    # the same code as an earlier round's candidate: dropped by the last stage before the store
+    last = "scale_" if config.scale_search else ""
+    if config.scale_search:
+        stats.update(scale_counts(store, composed))
+    stats[f"{last}dropped_duplicate"] += len(tasks) - added
+    stats[f"{last}kept"] -= len(tasks) - added
     for key, value in getattr(step, "composer_stats", {}).items():
         stats[f"llm_{key}"] = value
     for key, value in versions().items():  # what this round's shapes and seeds came from
         stats[f"version_{key}"] = value
     store.add_round(round_, stats, [dataclasses.asdict(r) for r in step.rejects])
     return added
+
+
+def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, composed: list[Task]) -> list[Task]:
+    """Size the composed candidates to the window (`scale.size_chains`, probes timed by the filter's
+    judges, `filter.eager_times`), each result stored as its search ends (a stopped round re-composes
+    the same candidates and sizes only the rest); the sized tasks, in compose order."""
+    from cudagym.eval.batch import open_pool
+    from cudagym.synth.filter import eager_times
+    from cudagym.synth.scale import size_chains
+
+    by_id = {seed.id: seed for seed in seeds}
+    done = store.sized()
+    chains = {task.sha256: [by_id[i] for i in task.provenance["seed_ids"]] for task in composed if task.sha256 not in done}
+    if chains:
+        filter_config = config.filter_config()
+        _say(f"compose round {round_}: scale search for {len(chains)} candidates in {filter_config.window_ms} ms")
+        with open_pool(filter_config.eval_config(), filter_config.parallel, filter_config.runner,
+                       filter_config.address) as pool:
+            size_chains(chains, lambda tasks: eager_times(tasks, filter_config, pool), config.search_config(),
+                        config.compose_config(round_), on_sized=store.add_sized)
+        done = store.sized()
+    sized = []
+    for task in composed:
+        found = done[task.sha256]
+        if found["task"] is not None:  # the scale-1 task's provenance, with what the search chose
+            provenance = {**found["task"].provenance, "scale_eager_ms": found["eager_ms"],
+                          "scale_probes": {str(k): v for k, v in sorted(found["probes"].items())}}
+            code = found["task"].code
+            sized.append(dataclasses.replace(task, id=f"synth/{sha256_text(code)[:12]}", code=code, provenance=provenance))
+    return sized
+
+
+def scale_counts(store: BuildStore, composed: list[Task]) -> Counter:
+    """The scale stage's part of a round's stats (`scale_` keys): its candidates, those sized, each
+    reason for the rest (scale.REASONS), and the probes timed."""
+    done = store.sized()
+    found = [done[task.sha256] for task in composed]
+    stats = Counter({"scale_in": len(found), "scale_kept": sum(f["task"] is not None for f in found),
+                     "scale_probes": sum(len(f["probes"]) for f in found)})
+    stats.update(f"scale_dropped_{f['reason']}" for f in found if f["task"] is None)
+    return stats
 
 
 def _say(line: str) -> None:
@@ -375,9 +465,20 @@ def compose_funnel(store: BuildStore) -> dict:
     """The compose entry of the funnel, summed over rounds."""
     stats = Counter()
     for info in store.rounds().values():
-        stats.update({k: v for k, v in info["stats"].items() if not k.startswith(("k", "llm_", "version_")) or k == "kept"})
+        stats.update({k: v for k, v in info["stats"].items()
+                      if not k.startswith(("k", "llm_", "version_", "scale_")) or k == "kept"})
     dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
     return {"stage": "compose", "in": stats["in"], "kept": stats["kept"], "dropped": dropped}
+
+
+def scale_funnel(store: BuildStore) -> dict:
+    """The scale search's entry of the funnel (--scale search), summed over rounds: a drop reason per
+    scale.REASONS (and `duplicate`: sized to an earlier candidate's code), and the probes it timed."""
+    stats = Counter()
+    for info in store.rounds().values():
+        stats.update({k[len("scale_"):]: v for k, v in info["stats"].items() if k.startswith("scale_")})
+    dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
+    return {"stage": "scale", "in": stats["in"], "kept": stats["kept"], "dropped": dropped, "probes": stats["probes"]}
 
 
 def versions() -> dict:
@@ -452,7 +553,8 @@ def select(store: BuildStore, config: BuildConfig, filter_more: int = 0) -> tupl
     seqs, decontam = decontaminate_stage(store, config, seqs)
     seqs, filtered = filter_stage(store, config, seqs, run=filter_more)
     labelled, label = label_stage(store, seqs)
-    return labelled, [compose_funnel(store), dedup, decontam, filtered, label]
+    scale = [scale_funnel(store)] if config.scale_search else []
+    return labelled, [compose_funnel(store), *scale, dedup, decontam, filtered, label]
 
 
 def build_dataset(config: BuildConfig) -> dict:

@@ -189,6 +189,25 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         run_references(pool, shares, "filter-time", record, f"filter: time, {len(shares)} judges")
 
 
+def eager_times(tasks: list[Task], config: FilterConfig, pool) -> list[float | None]:
+    """Each task's eager time (ms), measured on an open pool (`batch.open_pool` of
+    `config.eval_config()`) as the filter's timing pass measures it: the judge's filter-time mode,
+    which skips the checks, compiles and times. None where it failed, ran out of memory or time, or
+    its first calls were already far beyond the window (`slow_factor`). The scale search's probes."""
+    from cudagym.eval.batch import chunks_of, run_references
+
+    measured: dict[str, dict] = {}
+    run_references(pool, chunks_of(tasks, config.chunk), "filter-time",
+                   lambda task, env, result: measured.__setitem__(task.id, result),
+                   f"scale search: time {len(tasks)} probes, {config.chunk} per judge")
+
+    def eager_ms(result: dict | None) -> float | None:
+        ok = result is not None and result.get("stage") == "done" and not result.get("error")
+        return result.get("t_eager_ms") if ok else None
+
+    return [eager_ms(measured.get(task.id)) for task in tasks]
+
+
 def with_measurement(task: Task, result: FilterResult) -> Task:
     """The kept task, carrying its runtimes and where they were measured."""
     return replace(task, provenance={**task.provenance, "eager_ms": result.t_eager_ms,

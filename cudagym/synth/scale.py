@@ -14,15 +14,18 @@ out), so it is tested on the CPU with made-up runtimes. `size_chain` applies it 
 re-chains them at each probed scale (`ProgrammaticComposer.chain`) and asks `measure` for the eager
 time of the resulting task; on a GPU, `measure` is the filter's sandboxed eager timing.
 
-Not wired into `cudagym dataset build` yet (the GPU run that measures its yield is the next step);
-on the CPU the window is wide and scale 1 is the point, so it stays off there.
+`size_chains` runs many searches at once, timing their probes together (one pass of judges for
+every search still running); `cudagym dataset build --scale search` sizes each programmatic candidate
+with it, timed by the filter's judges (`synth.build.scale_stage`). Off unless asked: on the CPU the
+window is wide and scale 1 is the point.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from cudagym.synth.compose import ComposeConfig, ProgrammaticComposer, Reject
 from cudagym.synth.seeds import Seed
@@ -159,6 +162,60 @@ def size_chain(seeds: Sequence[Seed], measure: Callable[[Task], float | None], c
     choice = search_scale(timed, lambda scale: isinstance(chain(scale), Task), config)
     task = chain(choice.scale) if choice.reason == "in_window" else None
     return (task if isinstance(task, Task) else None), choice
+
+
+def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list[Task]], list[float | None]],
+                config: ScaleSearch, compose: ComposeConfig | None = None,
+                on_sized: Callable[[str, Task | None, ScaleChoice], None] | None = None) -> None:
+    """`size_chain` for every chain of `chains` ({key: seeds}); on_sized(key, task or None, choice)
+    runs in this thread as each search ends. A search's next probe depends on its last, so probes
+    cannot be listed ahead: each search runs in its own thread, and when every search still running
+    waits for a time, `time_tasks` times all those tasks in one pass (a few tasks per judge, as the
+    filter runs), not one judge process per probe. The threads take turns (a search runs only while
+    holding `turn`, released while it waits), so composing is never concurrent."""
+    turn = threading.Condition()
+    pending: list[list] = []  # probes asked for: [task, eager ms, answered]
+    finished: list[tuple] = []  # (key, size_chain's result or the exception it raised)
+    live = len(chains)
+
+    def measure(task: Task) -> float | None:
+        probe = [task, None, False]
+        pending.append(probe)
+        turn.notify_all()
+        turn.wait_for(lambda: probe[2])
+        return probe[1]
+
+    def search(key: str, seeds: Sequence[Seed]) -> None:
+        nonlocal live
+        with turn:
+            try:
+                finished.append((key, size_chain(seeds, measure, config, compose)))
+            except Exception as e:  # noqa: BLE001 - raised again in the calling thread
+                finished.append((key, e))
+            finally:
+                live -= 1
+                turn.notify_all()
+
+    # daemon: stopped (Ctrl-C) while timing, the searches waiting for an answer never get one
+    threads = [threading.Thread(target=search, args=item, daemon=True) for item in chains.items()]
+    with turn:
+        for thread in threads:
+            thread.start()
+        while True:
+            turn.wait_for(lambda: live == 0 or len(pending) == live)
+            for key, result in finished:
+                if isinstance(result, Exception):
+                    raise result
+                if on_sized:
+                    on_sized(key, *result)
+            finished.clear()
+            if not pending:  # every search has ended
+                break
+            batch = pending[:]
+            pending.clear()
+            for probe, eager_ms in zip(batch, time_tasks([probe[0] for probe in batch]), strict=True):
+                probe[1], probe[2] = eager_ms, True
+            turn.notify_all()
 
 
 def _fields(config: ComposeConfig) -> dict:

@@ -17,6 +17,7 @@ from cudagym.synth.build import BuildConfig, BuildStore, build_dataset, decontam
 from cudagym.synth.compose import data_source_of, ops_from_code
 from cudagym.synth.filter import FilterConfig, FilterResult, filter_tasks
 from cudagym.synth.publish import read_build_rows
+from cudagym.synth.scale import REASONS
 from cudagym.tasks import Task, TaskError
 
 pytestmark = pytest.mark.slow
@@ -162,7 +163,44 @@ def test_build_and_publish_from_the_cli(built, tmp_path, capsys):
     assert "someone/cudagym-ops" in (tmp_path / "hub" / "README.md").read_text()
 
 
+def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_path):
+    """--scale search on the CPU (one round), with a window narrow enough that scale 1 is mostly too
+    fast: each candidate's probes and choice are stored, the sized code goes through the filter, and
+    the funnel's scale stage counts a reason per candidate it did not size."""
+    window = (1.0, 3.0)
+    config = _config(tmp_path, target=2, max_rounds=1, scale_search=True, max_scale=6, scale_start=1, scale_probes=3,
+                     min_eager_ms=window[0], max_eager_ms=window[1])
+    funnel = build_dataset(config)
+    stages = {s["stage"]: s for s in funnel["stages"]}
+    scale = stages["scale"]
+    assert [s["stage"] for s in funnel["stages"]][1:4] == ["compose", "scale", "dedup"]
+    assert scale["in"] == stages["compose"]["kept"] and scale["in"] == scale["kept"] + sum(scale["dropped"].values())
+    assert stages["dedup"]["in"] == scale["kept"] and set(scale["dropped"]) <= set(REASONS) | {"duplicate"}
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        sized, candidates = store.sized(), dict(store.candidates())
+        filtered = store.filtered()
+    assert len(sized) == scale["in"] and scale["probes"] == sum(len(s["probes"]) for s in sized.values()) > 0
+    assert any(len(found["probes"]) > 1 for found in sized.values())  # scale 1 too fast: it searched
+    for found in sized.values():
+        assert 1 <= len(found["probes"]) <= 3 and all(1 <= k <= 6 for k in found["probes"])
+        if found["reason"] == "in_window":  # the chosen scale's eager time is inside the window
+            assert window[0] <= found["eager_ms"] <= window[1] and found["probes"][found["scale"]] == found["eager_ms"]
+            assert found["task"].provenance["scale"] == found["scale"]
+        else:
+            assert found["task"] is None and found["reason"] in REASONS
+    # the candidates are the sized tasks, and the filter measured those
+    assert {t.code for t in candidates.values()} <= {f["task"].code for f in sized.values() if f["task"]}
+    assert all(t.provenance["scale_probes"] for t in candidates.values())
+    assert {t.sha256 for t in candidates.values()} >= set(filtered)
+    assert funnel["config"]["scale"] == "search"
+    with pytest.raises(TaskError, match="scale_search"):  # a resumed build cannot silently change it
+        build_dataset(_config(tmp_path, target=2, max_rounds=1, min_eager_ms=window[0], max_eager_ms=window[1]))
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["dataset", "build", "--scale", "0"], "scale must be"),
+    (["dataset", "build", "--scale", "search", "--composer", "llm", "--device", "cpu", "--model", "m",
+      "--base-url", "http://127.0.0.1:9/v1"], "--scale search"),
     (["dataset", "publish", "/nonexistent/build", "--repo", "a/b", "--dry-run"], "no build directory"),
     (["dataset", "build", "--k-distribution", "1:x"], "K distribution"),
     (["dataset", "build", "--target", "0", "--device", "cpu"], "target"),

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from cudagym.synth.crawl import crawl_torch, exec_task, tensor_numels
-from cudagym.synth.scale import REASONS, ScaleSearch, memory_bound, search_scale, size_chain
+from cudagym.synth.scale import REASONS, ScaleSearch, memory_bound, search_scale, size_chain, size_chains
 
 GPU_WINDOW = (1.0, 100.0)
 
@@ -88,3 +88,35 @@ def test_size_chain_recomposes_real_seeds_at_the_chosen_scale():
     task, choice = size_chain(seeds, measure, ScaleSearch((1e6, 2e6), max_scale=512))
     assert task is None and choice.reason == "too_fast"
     assert math.isfinite(choice.eager_ms) and choice.scale < 512
+
+
+@pytest.mark.slow  # the torch crawl, when no other test of the process has made it
+def test_size_chains_times_every_running_search_in_one_pass():
+    """Many searches at once: each pass of `time_tasks` gets one probe of every search still running
+    (so the passes are as many as the longest search's probes), and each search ends as size_chain would."""
+    by_id = {s.id: s for s in crawl_torch()[0]}
+    chains = {"conv": [by_id["torch.nn.Conv2d"], by_id["torch.nn.ReLU"]], "relu": [by_id["torch.nn.ReLU"]]}
+
+    def measure(task) -> float:
+        return sum(tensor_numels(exec_task(task.code))) / 1e6
+
+    passes, sized = [], {}
+
+    def time_tasks(tasks):
+        passes.append(len(tasks))
+        return [measure(task) for task in tasks]
+
+    config = ScaleSearch((10.0, 40.0), max_scale=32, start=2)
+    size_chains(chains, time_tasks, config, on_sized=lambda key, task, choice: sized.__setitem__(key, (task, choice)))
+    assert set(sized) == set(chains)
+    for key, seeds in chains.items():
+        task, choice = sized[key]
+        alone_task, alone = size_chain(seeds, measure, config)
+        assert choice == alone and (task and task.code) == (alone_task and alone_task.code)
+    assert len(passes) == max(len(choice.probes) for _, choice in sized.values())
+    assert passes[0] == 2 and sum(passes) == sum(len(choice.probes) for _, choice in sized.values())
+
+
+def test_size_chains_raises_a_search_failure_in_the_calling_thread():
+    with pytest.raises(IndexError):  # no seeds: size_chain cannot start a chain
+        size_chains({"empty": []}, lambda tasks: [1.0] * len(tasks), ScaleSearch((1.0, 2.0)))
