@@ -100,38 +100,32 @@ def _share(path: str) -> None:
 @contextlib.contextmanager
 def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s: float = 0.2,
                        free_bytes: Callable[[], int] | None = None, need_free_bytes: int = 0,
-                       settle_s: float = 60.0, tag: str = ""):
+                       settle_s: float = 60.0):
     """Reserve n_bytes of a GPU memory budget shared by concurrent judges (a JSON ledger of
-    pid -> bytes under flock), waiting until it fits. A judge is always admitted, however large,
-    when no other judge holds working memory (an untagged entry), whatever contexts (`ctx`) the
-    waiting ones hold: the budget bounds concurrency, it does not refuse work, and someone always
-    makes progress. Entries of dead processes are dropped, so a killed judge frees its share.
+    pid -> bytes under flock), waiting until it fits. A judge alone is always admitted, however
+    large: the budget bounds concurrency, it does not refuse work. Entries of dead processes are
+    dropped, so a killed judge frees its share. A judge holds nothing while it waits (its CUDA
+    contexts are made once admitted, judge.Evaluation.reservation): on the H200 (session 10), entries
+    that waiting judges held for their contexts kept large judges and whole-GPU reruns waiting on
+    each other forever.
 
     The ledger frees a share when its judge leaves the reservation, a moment before its process
     exits and the driver takes its memory back; a judge admitted in that moment ran out of memory.
     So where `free_bytes` (the device's free memory now) is given, admission also waits until
     need_free_bytes are free, for at most settle_s (memory held outside cudagym must not block it).
     settle_s counts from when the share first fits the ledger, not from when waiting began: a large
-    judge waits long for the ledger, and then it most needs the device's memory to be given back.
-    A process may hold several reservations under different `tag`s: a tagged one is memory it holds
-    while it waits for its working share (untagged), so it never makes another judge wait beyond the
-    budget's arithmetic (cudagym's judges hold nothing while they wait: their CUDA contexts are made
-    once admitted)."""
+    judge waits long for the ledger, and then it most needs the device's memory to be given back."""
     if not path:
         yield
         return
     ledger = path + ".memory"
-    key = f"{os.getpid()}.{tag}" if tag else str(os.getpid())
+    key = str(os.getpid())
     fits_since = None
     while True:
         with _locked_ledger(ledger) as entries:
             used = sum(entries.values())
-            # Only other judges' working memory (untagged entries) can make one wait beyond the budget's
-            # arithmetic: the contexts of judges that are themselves waiting never free while they wait,
-            # so with those counted, large judges (or two whole-GPU reruns after an OOM) each waiting on
-            # the others' contexts would wait forever (the H200, session 10: 5 judges stuck, GPU idle).
-            working = [k for k in entries if "." not in k and k != str(os.getpid())]
-            fits = not working or used + n_bytes <= budget_bytes
+            others = [k for k in entries if k != key]
+            fits = not others or used + n_bytes <= budget_bytes
             fits_since = (fits_since or time.monotonic()) if fits else None
             if fits and (free_bytes is None or time.monotonic() - fits_since > settle_s or free_bytes() >= need_free_bytes):
                 entries[key] = n_bytes

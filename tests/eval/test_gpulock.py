@@ -227,45 +227,40 @@ def test_a_process_times_on_the_given_cores_and_gets_its_own_back():
         os.sched_setaffinity(0, mine)
 
 
-def test_a_judge_holding_its_contexts_is_admitted_alone_however_large_and_others_wait(tmp_path):
-    """A judge reserves its CUDA contexts at start (tag ctx), its working memory later: alone it is
-    admitted even past the budget (its own ctx entry is not another judge), and while it holds both,
-    another process's reservation waits; all its entries go when it leaves."""
+def test_a_judge_alone_is_admitted_however_large_and_others_wait(tmp_path):
+    """Alone, a judge is admitted even past the budget; while it holds its share, another process's
+    reservation waits; its entry goes when it leaves."""
     from cudagym.eval.gpulock import memory_reservation
 
     lock = str(tmp_path / "gpu.lock")
-    with memory_reservation(lock, 20, budget_bytes=100, tag="ctx"):
-        with memory_reservation(lock, 150, budget_bytes=100, poll_s=0.05):  # more than the budget: alone, admitted
-            entries = json.loads((tmp_path / "gpu.lock.memory").read_text())
-            assert entries == {f"{os.getpid()}.ctx": 20, str(os.getpid()): 150}
-            other = subprocess.Popen([sys.executable, "-c", MEMORY_HOLDER, lock, "10", "0", str(tmp_path / "d")])
-            time.sleep(1.0)
-            assert other.poll() is None and not (tmp_path / "d").exists(), "admitted beside a full ledger"
-        other.wait(timeout=30)  # 20 + 10 fit once the working memory is given back
-        assert other.returncode == 0
+    with memory_reservation(lock, 150, budget_bytes=100, poll_s=0.05):  # more than the budget: alone, admitted
+        entries = json.loads((tmp_path / "gpu.lock.memory").read_text())
+        assert entries == {str(os.getpid()): 150}
+        other = subprocess.Popen([sys.executable, "-c", MEMORY_HOLDER, lock, "10", "0", str(tmp_path / "d")])
+        time.sleep(1.0)
+        assert other.poll() is None and not (tmp_path / "d").exists(), "admitted beside a full ledger"
+    other.wait(timeout=30)
+    assert other.returncode == 0
     assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
 
 
-CTX_THEN_WORK = """
+LARGE_JUDGE = """
 import sys, time
 from cudagym.eval.gpulock import memory_reservation
-path, ctx, work, marker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-with memory_reservation(path, ctx, budget_bytes=100, poll_s=0.05, tag="ctx"):
-    time.sleep(0.5)  # every judge holds its contexts before any asks for working memory
-    with memory_reservation(path, work, budget_bytes=100, poll_s=0.05):
-        start = time.time()
-        time.sleep(0.3)
-        open(marker, "w").write(f"{start} {time.time()}")
+path, work, marker = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with memory_reservation(path, work, budget_bytes=100, poll_s=0.05):
+    start = time.time()
+    time.sleep(0.3)
+    open(marker, "w").write(f"{start} {time.time()}")
 """
 
 
-@pytest.mark.parametrize("work", [70, 80])  # 80: the whole budget less the judge's own contexts (an OOM rerun)
-def test_judges_waiting_with_their_contexts_do_not_block_each_other_forever(tmp_path, work):
-    """The H200, session 10: large judges, each holding its contexts while it waited, each needing
-    more than the budget left beside the others' contexts (and two whole-GPU reruns after an OOM
-    likewise): none was ever admitted. Now each is admitted in turn, one working at a time."""
+@pytest.mark.parametrize("work", [70, 100])  # 100: the whole budget (a rerun after an OOM)
+def test_large_judges_waiting_at_once_are_admitted_in_turn(tmp_path, work):
+    """The H200, session 10: large judges and whole-GPU reruns after an OOM, several waiting at once,
+    none of which fits beside another: each is admitted in turn, one at a time, and none waits forever."""
     lock = str(tmp_path / "gpu.lock")
-    procs = [subprocess.Popen([sys.executable, "-c", CTX_THEN_WORK, lock, "20", str(work), str(tmp_path / f"j{i}")])
+    procs = [subprocess.Popen([sys.executable, "-c", LARGE_JUDGE, lock, str(work), str(tmp_path / f"j{i}")])
              for i in range(3)]
     for p in procs:
         assert p.wait(timeout=60) == 0
