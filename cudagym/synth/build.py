@@ -461,24 +461,31 @@ def _quantiles(values: list[float]) -> dict:
     return {"max": values[-1], "p50": at(0.5), "p90": at(0.9), "n_over_0.9": sum(v > 0.9 for v in values)}
 
 
-def compose_funnel(store: BuildStore) -> dict:
-    """The compose entry of the funnel, summed over rounds."""
+def round_stats(store: BuildStore, prefix: str = "") -> Counter:
+    """The rounds' counts whose key starts with `prefix` (removed), summed (the versions recorded beside
+    them are not counts)."""
     stats = Counter()
     for info in store.rounds().values():
-        stats.update({k: v for k, v in info["stats"].items()
-                      if not k.startswith(("k", "llm_", "version_", "scale_")) or k == "kept"})
-    dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
-    return {"stage": "compose", "in": stats["in"], "kept": stats["kept"], "dropped": dropped}
+        stats.update({k[len(prefix):]: v for k, v in info["stats"].items()
+                      if k.startswith(prefix) and isinstance(v, (int, float))})
+    return stats
+
+
+def funnel_entry(stage: str, stats: Counter) -> dict:
+    return {"stage": stage, "in": stats["in"], "kept": stats["kept"],
+            "dropped": {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}}
+
+
+def compose_funnel(store: BuildStore) -> dict:
+    """The compose entry of the funnel, summed over rounds."""
+    return funnel_entry("compose", round_stats(store))
 
 
 def scale_funnel(store: BuildStore) -> dict:
     """The scale search's entry of the funnel (--scale search), summed over rounds: a drop reason per
     scale.REASONS (and `duplicate`: sized to an earlier candidate's code), and the probes it timed."""
-    stats = Counter()
-    for info in store.rounds().values():
-        stats.update({k[len("scale_"):]: v for k, v in info["stats"].items() if k.startswith("scale_")})
-    dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_") and v}
-    return {"stage": "scale", "in": stats["in"], "kept": stats["kept"], "dropped": dropped, "probes": stats["probes"]}
+    stats = round_stats(store, "scale_")
+    return {**funnel_entry("scale", stats), "probes": stats["probes"]}
 
 
 def versions() -> dict:
