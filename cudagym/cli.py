@@ -620,6 +620,10 @@ def _train_device(args) -> str:
     return device
 
 
+def _add_train_device(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--train-device", default="cpu", help=f"{what}: cpu (default), cuda or cuda:N")
+
+
 def cmd_train_rft(args) -> int:
     from cudagym.train.rft import RFTConfig, RFTSelect, write_dataset
     from cudagym.train.trajectories import load_trajectories
@@ -713,8 +717,7 @@ def _add_train_commands(sub) -> None:
     rft.add_argument("--lr", type=float, default=1e-5, help="fine-tuning learning rate (default 1e-5)")
     rft.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs (default 2)")
     rft.add_argument("--batch-size", type=int, default=8, help="rollouts per optimizer step (default 8)")
-    rft.add_argument("--train-device", default="cpu",
-                       help="where the model trains: cpu (default), cuda or cuda:N")
+    _add_train_device(rft, "where the model trains")
     rft.set_defaults(func=cmd_train_rft)
     val = tr.add_parser("value", help="value pretraining: a critic for --model fitted to the GAE returns of a run's rollouts")
     val.add_argument("run", help="a `cudagym agent rollout --out` folder (or its trajectories.duckdb)")
@@ -729,8 +732,7 @@ def _add_train_commands(sub) -> None:
     val.add_argument("--mini-batch", type=int, default=256, help="rollouts per optimizer step (default 256)")
     val.add_argument("--micro-batch", type=int, default=1, help="rollouts per forward pass (default 1)")
     val.add_argument("--json", action="store_true", help="print the summary as JSON")
-    val.add_argument("--train-device", default="cpu",
-                       help="where the model trains: cpu (default), cuda or cuda:N")
+    _add_train_device(val, "where the model trains")
     val.set_defaults(func=cmd_train_value)
     ppo = tr.add_parser("ppo", help="multi-turn PPO on the agent environment, the policy served by the trainer itself")
     ppo.add_argument("--engine", choices=("local", "verl"), default="local", help="local (one machine) or verl (no launcher yet: docs/train.md)")
@@ -747,8 +749,7 @@ def _add_train_commands(sub) -> None:
     ppo.add_argument("--device", default="cpu", help="where the judge runs (default cpu)")
     ppo.add_argument("--actor-lr", type=float, default=3e-6, help="default 3e-6, the paper's")
     ppo.add_argument("--critic-lr", type=float, default=6e-6, help="default 6e-6, the paper's")
-    ppo.add_argument("--train-device", default="cpu",
-                       help="where the model trains and generates: cpu (default), cuda or cuda:N")
+    _add_train_device(ppo, "where the model trains and generates")
     ppo.set_defaults(func=cmd_train_ppo)
 
 
