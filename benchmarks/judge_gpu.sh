@@ -3,11 +3,17 @@
 #   bash benchmarks/judge_gpu.sh STEP [SECONDS]
 # STEP: adversarial (the CUDA fixtures, strict then paper timing, 12 at once: concurrent callers
 # themselves) | audit (KernelBench v0 and v0.1 L1-3) | stress-strict | stress-paper (benchmarks/stress.py:
-# 16+ concurrent eval one + an eval run) | repeat (fast honest kernels timed twice). SECONDS bounds the
-# step. Results under $OUT: one log per step and JSON files.
+# 16+ concurrent eval one + an eval run) | stress-both (both modes at once: every candidate, multi-GB ones
+# included, as an eval one in each mode, and one eval run per mode without the multi-GB problems; the lone
+# yardstick from LONE_FROM, an earlier results JSON) | repeat (the 19 fast honest kernels of
+# benchmarks/expert_submission.py, KernelBench v0 L1, timed by two traced eval runs: benchmarks/repeatability.py
+# and benchmarks/fast_timing_report.py; run a is named `expert` in $OUT/expert.duckdb, which agent_gpu.sh
+# resumes when carried back as .devout/expert.duckdb). SECONDS bounds the step. Results under $OUT: one log
+# per step and JSON files.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
-STEP=$1; LIMIT=${2:-300}
+STEP=$1; LIMIT=${2:-300}; T0=$(date +%s)
+left() { echo $(( LIMIT - ($(date +%s) - T0) - ${1:-0} )); }
 run() { local t0=$(date +%s); timeout -k 20 -s INT "$LIMIT" "$@"; local rc=$?; echo "$STEP rc=$rc $(( $(date +%s)-t0 ))s" | tee -a "$OUT/summary.txt"; }
 case $STEP in
   adversarial)
@@ -27,4 +33,46 @@ case $STEP in
     run python3 benchmarks/stress.py --kb-version v0.1 --timing-mode "${STEP#stress-}" --callers 16 \
       --out "$OUT/$STEP.json" --deadline-s "$LIMIT" > "$OUT/$STEP.txt" 2>&1
     tail -40 "$OUT/$STEP.txt" ;;
+  stress-both)
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 2 > "$OUT/smi.csv" 2>&1 &
+    SMI=$!
+    timeout -k 10 -s INT "${PREBUILD_S:-170}" python3 benchmarks/stress.py --kb-version v0.1 --phases prebuild \
+      --build-parallel 16 --out "$OUT/prebuild.json" --deadline-s "$(( ${PREBUILD_S:-170} - 10 ))" > "$OUT/stress-both.txt" 2>&1
+    echo "prebuild rc=$? at $(( $(date +%s) - T0 ))s" | tee -a "$OUT/summary.txt"
+    RUN_ONLY=${RUN_ONLY:-'honest/level(1/(12|21|38|47|88|94)|2/)'}  # the eval runs leave out L1/19, 23, 36 (GBs of inputs)
+    LONE=(); PIDS=()
+    [ -n "${LONE_FROM:-}" ] && LONE=(--lone-from "$LONE_FROM")
+    DL=$(left 25)
+    for mode in strict paper; do
+      timeout -k 10 -s INT "$(( DL + 10 ))" python3 benchmarks/stress.py --kb-version v0.1 --timing-mode "$mode" \
+        --phases concurrent --callers 19 --run-only "$RUN_ONLY" "${LONE[@]}" --out "$OUT/stress-$mode.json" \
+        --deadline-s "$DL" > "$OUT/stress-$mode.txt" 2>&1 &
+      PIDS+=($!)
+    done
+    wait "${PIDS[@]}"
+    kill $SMI
+    for mode in strict paper; do tail -30 "$OUT/stress-$mode.txt"; done
+    sort -t, -k3 -n "$OUT/smi.csv" | tail -1 ;;
+  repeat)
+    EXPERT=/tmp/expert; LOG=$OUT/repeat.log
+    python3 benchmarks/expert_submission.py "$EXPERT" > "$LOG" 2>&1 || exit 1
+    timeout -k 10 -s INT "$(( ${PREBUILD_S:-150} + 10 ))" python3 benchmarks/prebuild.py "$EXPERT" --parallel "$(nproc)" \
+      --deadline-s "${PREBUILD_S:-150}" >> "$LOG" 2>&1
+    echo "prebuild rc=$? at $(( $(date +%s) - T0 ))s" | tee -a "$LOG"
+    python3 -c "
+import hashlib, json, sys
+from cudagym.kernelbench import load_problems
+print(json.dumps({hashlib.sha256(p.code.encode()).hexdigest()[:12]: f'v0 L{p.level}/{p.problem_id} {p.name}'
+                  for p in load_problems('v0', levels=[1])}))" > "$OUT/names.json" 2>> "$LOG"
+    RUN_S=$(( $(left 40) / 2 ))
+    for run in a b; do
+      name=expert; [ $run = b ] && name=expert-b
+      CUDAGYM_TIMING_TRACE=$OUT/trace-$run.jsonl timeout -k 10 -s INT "$RUN_S" python3 -m cudagym eval run "$EXPERT" \
+        --kb-version v0 --levels 1 --device cuda --db "$OUT/expert.duckdb" --name "$name" --json > /dev/null 2>> "$LOG"
+      echo "eval run $run rc=$? at $(( $(date +%s) - T0 ))s" | tee -a "$LOG"
+    done
+    python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CHECKPOINT'); c.close()" "$OUT/expert.duckdb"
+    python3 benchmarks/repeatability.py "$OUT/expert.duckdb" --a expert --b expert-b 2>&1 | tee -a "$LOG"
+    python3 benchmarks/fast_timing_report.py "$OUT/trace-a.jsonl" "$OUT/trace-b.jsonl" --names "$OUT/names.json" \
+      --out-md "$OUT/fast_timing.md" --out-json "$OUT/fast_timing.json" 2>&1 | tee -a "$LOG" ;;
 esac

@@ -44,9 +44,10 @@ from cudagym.eval import checks
 from cudagym.eval.gpulock import device_lock_path, gpu_lock, memory_reservation, on_cpus
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
-from cudagym.eval.timing import (PAPER_REPS, Timer, adaptive_reps, process_cpu_clock, profiler_kernel_ms, summarize,
-                                 median_noise_ms, tamper_evidence, thread_cpu_clock,
-                                 time_floors)
+from cudagym.eval.timing import (PAPER_REPS, Timer, adaptive_reps, median_noise_ms, process_cpu_clock,
+                                 profiler_kernel_ms, summarize, tamper_evidence, thread_cpu_clock, time_floors,
+                                 write_trace)
+from cudagym.tasks import sha256_text
 from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
 
 TIMING_INPUT_BUDGET_BYTES = 4 * 2**30  # rotated timing input sets share this much memory
@@ -583,6 +584,7 @@ class Evaluation:
                 with torch.no_grad():
                     timer.flush()
                     eager_times.append(timer.time_ms(lambda: self.model(*sets[rep_layout(i, len(sets))[1]]))[0])
+                    write_trace(timer.last_trace, role="eager", **self.trace_about)
             return ms
 
         times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
@@ -613,8 +615,9 @@ class Evaluation:
         """A rep without the call (same input load, flush and hand-over): the yardstick of timed reps."""
         slot, content = rep_layout(i, n_sets)
         with clock.measure() as measured:
-            runner.request(self.req.call_timeout_s, op="empty_rep", slot=slot, content=content, buffers=buffers,
+            reply = runner.request(self.req.call_timeout_s, op="empty_rep", slot=slot, content=content, buffers=buffers,
                            like=[(list(r.shape), str(r.dtype).replace("torch.", "")) for r in refs[0]])
+            write_trace(reply.get("trace"), role="empty", **self.trace_about)
             if not runner.cuda:
                 runner.receive_outputs(self.req.call_timeout_s)
         return measured.value
@@ -627,8 +630,13 @@ class Evaluation:
             reply = runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content, buffers=buffers)
             outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
         ms = reply_ms(reply)
+        write_trace(reply.get("trace"), role="candidate", **self.trace_about)
         self.check_timed_output(outs, refs[content], i)
         return ms, measured.value
+
+    @property
+    def trace_about(self) -> dict:
+        return trace_about(self.req)
 
     def time_candidate_paper(self, runner: RunnerProcess, sets, refs, buffers) -> dict:
         """CUDA Agent's method (profiler kernel time, 5 warm-up + 10 calls, no flush) for candidate and
@@ -768,10 +776,12 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
         with torch.no_grad():
             timer.flush()
             ms = timer.time_ms(lambda: model(*sets[i % len(sets)]))[0]
+            write_trace(timer.last_trace, role="eager", **trace_about(req))
             eager.append(ms)
             if compiled is not None:
                 timer.flush()
                 comp.append(timer.time_ms(lambda: compiled(*sets[i % len(sets)]))[0])
+                write_trace(timer.last_trace, role="compile", **trace_about(req))
         return ms + (comp[-1] if comp else 0.0)
 
     adaptive_reps(rep, req.min_reps, req.max_reps, req.max_timing_s)
@@ -779,6 +789,11 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
     if compiled is not None:
         out.update(t_compile_ms=summarize(comp)["median_ms"], compile=summarize(comp))
     return out
+
+
+def trace_about(req: Request) -> dict:
+    """Which judge a traced rep came from: the problem (its code's hash, the same in every run), mode, pid."""
+    return {"problem": sha256_text(req.ref_code)[:12], "mode": req.mode, "pid": os.getpid()}
 
 
 @contextlib.contextmanager

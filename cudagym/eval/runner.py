@@ -153,7 +153,7 @@ class Runner:
         self.timer.flush()
         with torch.no_grad():
             ms, out = self.timer.time_ms(lambda: self.model(*inputs))
-        self._send_outputs(out, buffers, {}, ops=[], ms=ms)
+        self._send_outputs(out, buffers, {}, ops=[], ms=ms, **self.traced())
 
     def op_empty_rep(self, buffers: list | None, like: list, slot: int = 0, content: int = 0) -> None:
         """A rep with no call but the same input load, flush and hand-over of outputs shaped `like`
@@ -169,7 +169,12 @@ class Runner:
         if self.empty_like != like:
             self.empty_like = like
             self.empty_outputs = [torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in like]
-        self._send_outputs(self.empty_outputs, buffers, {}, ops=[], ms=ms)
+        self._send_outputs(self.empty_outputs, buffers, {}, ops=[], ms=ms, **self.traced())
+
+    def traced(self) -> dict:
+        """The rep's parts for the judge to write down (a benchmark's trace, timing.TRACE_ENV; this process
+        writes nowhere outside its workdir)."""
+        return {"trace": self.timer.last_trace} if self.timer.trace else {}
 
     def load_slot(self, slot: int, content: int) -> list:
         import torch

@@ -1,0 +1,114 @@
+"""Where a fast kernel's strict time goes, and which way of timing it repeats: from the traces of two runs.
+
+    CUDAGYM_TIMING_TRACE=a.jsonl cudagym eval run SUB ...   # then the same with b.jsonl
+    python benchmarks/fast_timing_report.py a.jsonl b.jsonl [--names problems.json] [--out-md report.md]
+
+A traced rep (cudagym.eval.timing.Timer._time_traced) holds the strict window (what the judge uses),
+the GPU time to an event right after the call (`stream`), the host's time in the call and in the
+synchronisation, and the same call timed behind an unsynchronised flush (`busy`: the launch path
+hidden, as triton's do_bench). Per problem and run: medians of the candidate's and eager's parts, and
+speedup vs eager by the window and by busy; then each speedup's relative difference between the two
+runs and the median over problems (issue 12: within 3% at the median for kernels under 0.2 ms).
+--names: {problem hash: name} (the hash is the first 12 hex of sha256 of the reference code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+PARTS = ("window_ms", "stream_ms", "busy_ms", "host_call_us", "host_sync_us")
+
+
+def load(path: Path) -> dict:
+    """{problem: {role: {part: [values]}}} from one run's trace (eval mode only: the judge's eager and the
+    runner's candidate reps, interleaved; baseline jobs' reps are left out)."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a run stopped mid-write
+            continue
+        if rec.get("mode") != "eval":
+            continue
+        for part in PARTS:
+            if isinstance(rec.get(part), (int, float)):
+                out[rec["problem"]][rec["role"]][part].append(rec[part])
+    return out
+
+
+def summary(run: dict) -> dict:
+    """{problem: medians of each role's parts, and speedups vs eager by window and by busy}."""
+    rows = {}
+    for problem, roles in run.items():
+        if "candidate" not in roles or "eager" not in roles:
+            continue
+        row = {"reps": len(roles["candidate"]["window_ms"])}
+        for role in ("candidate", "eager"):
+            for part in PARTS:
+                values = roles[role][part]
+                row[f"{role}_{part}"] = statistics.median(values) if values else None
+        row["speedup_window"] = row["eager_window_ms"] / row["candidate_window_ms"]
+        row["speedup_busy"] = row["eager_busy_ms"] / row["candidate_busy_ms"]
+        rows[problem] = row
+    return rows
+
+
+def compare(a: dict, b: dict, fast_ms: float = 0.2) -> dict:
+    """Relative differences of each speedup between runs a and b over problems both timed, the
+    candidate's window under fast_ms in both."""
+    common = sorted(p for p in a if p in b and max(a[p]["candidate_window_ms"], b[p]["candidate_window_ms"]) < fast_ms)
+    out = {"problems": common}
+    for kind in ("window", "busy"):
+        diffs = [abs(a[p][f"speedup_{kind}"] / b[p][f"speedup_{kind}"] - 1) for p in common]
+        out[kind] = {"median_rel_diff": statistics.median(diffs) if diffs else None,
+                     "max_rel_diff": max(diffs) if diffs else None, "per_problem": dict(zip(common, diffs))}
+    return out
+
+
+def markdown(a: dict, b: dict, result: dict, names: dict) -> str:
+    lines = ["| problem | cand window a / b us | cand busy a / b us | host call us | eager window / busy us |"
+             " speedup window a / b | speedup busy a / b |", "|---" * 7 + "|"]
+    for p in result["problems"]:
+        ra, rb = a[p], b[p]
+        lines.append(f"| {names.get(p, p)} | {ra['candidate_window_ms'] * 1e3:.1f} / {rb['candidate_window_ms'] * 1e3:.1f}"
+                     f" | {ra['candidate_busy_ms'] * 1e3:.1f} / {rb['candidate_busy_ms'] * 1e3:.1f}"
+                     f" | {ra['candidate_host_call_us']:.1f} | {ra['eager_window_ms'] * 1e3:.1f} / {ra['eager_busy_ms'] * 1e3:.1f}"
+                     f" | {ra['speedup_window']:.3f} / {rb['speedup_window']:.3f} | {ra['speedup_busy']:.3f} / {rb['speedup_busy']:.3f} |")
+    for kind in ("window", "busy"):
+        r = result[kind]
+        if r["median_rel_diff"] is not None:
+            lines.append(f"\n{kind}: {len(result['problems'])} problems, median relative difference of the speedup between"
+                         f" runs {r['median_rel_diff']:.4f}, max {r['max_rel_diff']:.4f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("a", type=Path)
+    parser.add_argument("b", type=Path)
+    parser.add_argument("--names", type=Path, default=None)
+    parser.add_argument("--fast-ms", type=float, default=0.2)
+    parser.add_argument("--out-md", type=Path, default=None)
+    parser.add_argument("--out-json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    for path in (args.a, args.b):
+        if not path.is_file():
+            parser.exit(2, f"error: no trace at {path}\n")
+    a, b = summary(load(args.a)), summary(load(args.b))
+    result = compare(a, b, args.fast_ms)
+    names = json.loads(args.names.read_text()) if args.names else {}
+    text = markdown(a, b, result, names)
+    print(text)
+    if args.out_md:
+        args.out_md.write_text(text + "\n")
+    if args.out_json:
+        args.out_json.write_text(json.dumps({"a": a, "b": b, "compare": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
