@@ -10,7 +10,9 @@
 # (a judge that builds its own takes ~75 s under load); then eval run gets EVAL_S (default 120), agent
 # eval the rest less the report's margin. All three resume: built extensions are kept, and a returned
 # expert.duckdb / trajectories.duckdb carried back in as .devout/ goes on where it stopped.
-# Env: IDS (default: every problem of the submission), N_SAMPLES (2), PARALLEL (16).
+# Env: IDS (default: every problem of the submission; others' files are removed, so nothing else is built),
+# N_SAMPLES (2), PARALLEL (16), EVAL_TRACE / AGENT_TRACE (a CUDAGYM_TIMING_TRACE file for the eval run's /
+# the rollouts' judges: benchmarks/fast_timing_report.py).
 # Results under $OUT (few files: only 8 come back): agent_gpu.log, env.txt, smi.csv (nvidia-smi every
 # 500 ms), expert.duckdb (eval run), trajectories.duckdb (agent eval), agent_report.json / .md.
 set -uo pipefail
@@ -19,6 +21,11 @@ LIMIT=${1:-540}; PREBUILD_S=${PREBUILD_S:-150}; EVAL_S=${EVAL_S:-120}; MARGIN=40
 N_SAMPLES=${N_SAMPLES:-2}; PARALLEL=${PARALLEL:-16}
 LOG=$OUT/agent_gpu.log; RUN=/tmp/agentrun; EXPERT=/tmp/expert; T0=$(date +%s)
 python3 benchmarks/expert_submission.py "$EXPERT" | tee -a "$LOG" || exit 1
+if [ -n "${IDS:-}" ]; then
+  for f in "$EXPERT"/level1/*.py; do
+    id=$(basename "$f" | sed 's/_.*//'); [[ ",$IDS," == *",$id,"* ]] || rm -f "$f"
+  done
+fi
 IDS=${IDS:-$(ls "$EXPERT"/level1/*.py | sed 's#.*/##; s/_.*//' | sort -n | paste -sd, -)}
 COMMON=(--kb-version v0 --levels 1 --ids "$IDS" --device cuda)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
@@ -40,14 +47,14 @@ timeout -k 10 -s INT "$(( PREBUILD_S + 10 ))" python3 benchmarks/prebuild.py "$E
 log "prebuild rc=$?"
 
 # the same kernels through eval run: the verdicts the rollouts must match (its JSONL is in the DuckDB file)
-timeout -k 20 -s INT "$EVAL_S" python3 -m cudagym eval run "$EXPERT" "${COMMON[@]}" --db "$OUT/expert.duckdb" \
+CUDAGYM_TIMING_TRACE=${EVAL_TRACE:-} timeout -k 20 -s INT "$EVAL_S" python3 -m cudagym eval run "$EXPERT" "${COMMON[@]}" --db "$OUT/expert.duckdb" \
   --name expert --json > /dev/null 2>> "$LOG"
 log "eval run rc=$?"
 checkpoint "$OUT/expert.duckdb"
 
 AGENT_S=$(( LIMIT - ($(date +%s) - T0) - MARGIN ))
 START=$(date +%s.%N)
-timeout -k 20 -s INT "$AGENT_S" python3 -m cudagym agent eval --model scripted:replay --replay "$EXPERT" \
+CUDAGYM_TIMING_TRACE=${AGENT_TRACE:-} timeout -k 20 -s INT "$AGENT_S" python3 -m cudagym agent eval --model scripted:replay --replay "$EXPERT" \
   "${COMMON[@]}" --n-samples "$N_SAMPLES" --parallel "$PARALLEL" --out "$RUN" --json >> "$LOG" 2>&1
 log "agent eval rc=$? in ${AGENT_S}s at most"
 END=$(date +%s.%N)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from cudagym.eval.gpulock import lock_dir, prepare_lock_dir
+from cudagym.eval.timing import TRACE_ENV
 from cudagym.eval.verdict import Status, Verdict
 from cudagym.tasks import Task
 from cudagym.tasks.sandbox import describe_exit, kill_tree
@@ -271,7 +272,9 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
     # The judge writes its workdir, the build caches and (for the shared memory ledger) the lock folder.
     locks = str(Path(config.lock_path).parent) if config.lock_path else prepare_lock_dir(lock_dir())
-    request = dict(request, workdir=workdir, lock_dir=locks, writable=_cache_dirs() + [locks])
+    trace = os.environ.get(TRACE_ENV)  # a benchmark's timing trace (timing.write_trace) goes beside the caches
+    writable = _cache_dirs() + [locks] + ([str(Path(trace).resolve().parent)] if trace else [])
+    request = dict(request, workdir=workdir, lock_dir=locks, writable=writable)
     request_path = os.path.join(workdir, "request.json")
     with open(request_path, "w") as f:
         json.dump(request, f)
