@@ -10,7 +10,7 @@
 # (a judge that builds its own takes ~75 s under load); then eval run gets EVAL_S (default 120), agent
 # eval the rest less the report's margin. All three resume: built extensions are kept, and a returned
 # expert.duckdb / trajectories.duckdb carried back in as .devout/ goes on where it stopped.
-# Env: IDS (default: every problem of the submission; others' files are removed, so nothing else is built),
+# Env: PREBUILD_S=0 skips the prebuild, EVAL_BESIDE=1 runs eval run beside agent eval; IDS (default: every problem of the submission; others' files are removed, so nothing else is built),
 # N_SAMPLES (2), PARALLEL (16), EVAL_TRACE / AGENT_TRACE (a CUDAGYM_TIMING_TRACE file for the eval run's /
 # the rollouts' judges: benchmarks/fast_timing_report.py).
 # Results under $OUT (few files: only 8 come back): agent_gpu.log, env.txt, smi.csv (nvidia-smi every
@@ -42,22 +42,31 @@ SMI=$!
 log "problems $IDS, $N_SAMPLES samples each, $PARALLEL rollouts at once, ${LIMIT}s in all"
 
 # every extension built before anything is timed (its own deadline stops it; the SIGINT is a last resort)
-timeout -k 10 -s INT "$(( PREBUILD_S + 10 ))" python3 benchmarks/prebuild.py "$EXPERT" --parallel "$(nproc)" \
-  --deadline-s "$PREBUILD_S" >> "$LOG" 2>&1
-log "prebuild rc=$?"
+if [ "$PREBUILD_S" -gt 0 ]; then
+  timeout -k 10 -s INT "$(( PREBUILD_S + 10 ))" python3 benchmarks/prebuild.py "$EXPERT" --parallel "$(nproc)" \
+    --deadline-s "$PREBUILD_S" >> "$LOG" 2>&1
+  log "prebuild rc=$?"
+fi
 
-# the same kernels through eval run: the verdicts the rollouts must match (its JSONL is in the DuckDB file)
-CUDAGYM_TIMING_TRACE=${EVAL_TRACE:-} timeout -k 20 -s INT "$EVAL_S" python3 -m cudagym eval run "$EXPERT" "${COMMON[@]}" --db "$OUT/expert.duckdb" \
-  --name expert --json > /dev/null 2>> "$LOG"
-log "eval run rc=$?"
-checkpoint "$OUT/expert.duckdb"
+# the same kernels through eval run: the verdicts the rollouts must match (its JSONL is in the DuckDB file).
+# EVAL_BESIDE=1: started with the rollouts instead of before them (a short call: the two share the time)
+eval_run() {
+  CUDAGYM_TIMING_TRACE=${EVAL_TRACE:-} timeout -k 20 -s INT "$1" python3 -m cudagym eval run "$EXPERT" "${COMMON[@]}" \
+    --db "$OUT/expert.duckdb" --name expert --json > /dev/null 2>> "$LOG"
+  log "eval run rc=$?"
+  checkpoint "$OUT/expert.duckdb"
+}
+[ -z "${EVAL_BESIDE:-}" ] && eval_run "$EVAL_S"
 
 AGENT_S=$(( LIMIT - ($(date +%s) - T0) - MARGIN ))
 START=$(date +%s.%N)
+EVAL_PID=
+if [ -n "${EVAL_BESIDE:-}" ]; then eval_run "$AGENT_S" & EVAL_PID=$!; fi
 CUDAGYM_TIMING_TRACE=${AGENT_TRACE:-} timeout -k 20 -s INT "$AGENT_S" python3 -m cudagym agent eval --model scripted:replay --replay "$EXPERT" \
   "${COMMON[@]}" --n-samples "$N_SAMPLES" --parallel "$PARALLEL" --out "$RUN" --json >> "$LOG" 2>&1
 log "agent eval rc=$? in ${AGENT_S}s at most"
 END=$(date +%s.%N)
+[ -n "$EVAL_PID" ] && wait "$EVAL_PID"
 kill "$SMI"
 checkpoint "$RUN/trajectories.duckdb" && cp "$RUN/trajectories.duckdb" "$OUT/"
 
