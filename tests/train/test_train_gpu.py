@@ -19,8 +19,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 def test_every_stage_times_its_steps(store_path, smollm2_tokenizer, smollm2_cache_dir, tmp_path):
     import train_gpu
 
-    out = tmp_path / "bench"
-    argv = ["--db", str(store_path), "--out", str(out), "--device", "cpu", "--arch", "tiny",
+    out, work = tmp_path / "bench", tmp_path / "work"
+    argv = ["--db", str(store_path), "--out", str(out), "--work-dir", str(work), "--device", "cpu", "--arch", "tiny",
             "--tokenizer", str(smollm2_cache_dir), "--tools", "bash,read_file,verify",  # the store fixture's tools
             "--sft-steps", "2", "--value-steps", "2", "--ppo-steps", "1", "--ppo-tasks", str(REPO / "examples" / "problems"),
             "--ppo-ids", "3", "--ppo-rollouts", "2", "--ppo-max-new-tokens", "8", "--deadline-s", "300"]
@@ -44,6 +44,9 @@ def test_every_stage_times_its_steps(store_path, smollm2_tokenizer, smollm2_cach
         assert trl["loss"][0] == pytest.approx(stages["rft"]["loss"][0], abs=1e-3)
     table = (out / "train_gpu.md").read_text()
     assert all(f"| {name} |" in table for name in stages)
+    # the report alone where a device call returns files; models and checkpoints in the work folder
+    assert sorted(p.name for p in out.iterdir()) == ["train_gpu.json", "train_gpu.md"]
+    assert (work / "model" / "config.json").is_file() and (work / "rft").is_dir()
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
