@@ -24,15 +24,23 @@ PARTS = ("window_ms", "stream_ms", "busy_ms", "host_call_us", "host_sync_us")
 
 
 def load(path: Path) -> dict:
-    """{problem: {role: {part: [values]}}} from one run's trace (eval mode only: the judge's eager and the
-    runner's candidate reps, interleaved; baseline jobs' reps are left out)."""
+    """{problem: {role: {part: [values]}}} from one run's trace (eval mode only: the judge's live eager and the
+    runner's candidate reps, interleaved; baseline jobs' reps are left out, and so are an eval judge's own
+    reference reps, role reference_eager / compile, timed beside torch.compile's). Traces written before
+    that role existed (2026-12-02) call those reps `eager`: an `eager` rep that does not follow a
+    candidate rep of the same judge is one of them."""
     out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    last_role: dict = {}
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:  # a run stopped mid-write
             continue
         if rec.get("mode") != "eval":
+            continue
+        judge = (rec.get("problem"), rec.get("pid"))
+        previous, last_role[judge] = last_role.get(judge), rec.get("role")
+        if rec.get("role") == "eager" and previous != "candidate":
             continue
         for part in PARTS:
             if isinstance(rec.get(part), (int, float)):

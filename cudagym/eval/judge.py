@@ -776,7 +776,7 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
         with torch.no_grad():
             timer.flush()
             ms = timer.time_ms(lambda: model(*sets[i % len(sets)]))[0]
-            write_trace(timer.last_trace, role="eager", **trace_about(req))
+            write_trace(timer.last_trace, role="reference_eager", **trace_about(req))  # not the live eager beside the candidate
             eager.append(ms)
             if compiled is not None:
                 timer.flush()

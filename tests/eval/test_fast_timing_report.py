@@ -28,6 +28,10 @@ def _write_run(path: Path, monkeypatch, problems: dict) -> None:
                 timing.write_trace({"window_ms": w * k, "stream_ms": w * k / 2, "busy_ms": b * k, "host_call_us": 10.0,
                                     "host_sync_us": 5.0}, role=role, problem=problem, mode="eval", pid=1)
         timing.write_trace({"window_ms": 99.0, "busy_ms": 99.0}, role="eager", problem=problem, mode="baseline", pid=2)
+        # the eval judge's own reference reps: beside compile, not beside the candidate (an older trace's
+        # `eager` after `compile`, and the role written now)
+        for role in ("compile", "eager", "reference_eager"):
+            timing.write_trace({"window_ms": 77.0, "busy_ms": 77.0}, role=role, problem=problem, mode="eval", pid=1)
 
 
 def test_speedups_by_window_and_busy_compared_between_runs(tmp_path, monkeypatch):
