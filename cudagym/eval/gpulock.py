@@ -97,10 +97,14 @@ def _share(path: str) -> None:
         pass
 
 
+WAITING = "w"  # ledger keys "w<pid>": when that judge began to wait (ms, wall clock); a waiting judge holds no bytes
+FAIR_AFTER_S = 30.0  # a judge that has waited this long is overtaken by nobody who came after it
+
+
 @contextlib.contextmanager
 def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s: float = 0.2,
                        free_bytes: Callable[[], int] | None = None, need_free_bytes: int = 0,
-                       settle_s: float = 60.0):
+                       settle_s: float = 60.0, fair_after_s: float = FAIR_AFTER_S):
     """Reserve n_bytes of a GPU memory budget shared by concurrent judges (a JSON ledger of
     pid -> bytes under flock), waiting until it fits. A judge alone is always admitted, however
     large: the budget bounds concurrency, it does not refuse work. Entries of dead processes are
@@ -108,6 +112,12 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
     contexts are made once admitted, judge.Evaluation.reservation): on the H200 (session 10), entries
     that waiting judges held for their contexts kept large judges and whole-GPU reruns waiting on
     each other forever.
+
+    Waiting judges are in the ledger too, with the time they began to wait and no bytes: once one has
+    waited fair_after_s, no judge that began waiting after it is admitted before it, so the ledger
+    drains as admitted judges finish and the large share fits. Without that, on the H200 (session 11,
+    40 judges at once), two 100 GB judges waited 376 s, until killed, while dozens of small judges that
+    came later were admitted one after another and the ledger never emptied enough.
 
     The ledger frees a share when its judge leaves the reservation, a moment before its process
     exits and the driver takes its memory back; a judge admitted in that moment ran out of memory.
@@ -120,17 +130,30 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
         return
     ledger = path + ".memory"
     key = str(os.getpid())
+    wait_key = WAITING + key
     fits_since = None
-    while True:
+    try:
+        while True:
+            with _locked_ledger(ledger) as entries:
+                now_ms = int(time.time() * 1e3)
+                since = entries.setdefault(wait_key, now_ms)
+                held = {k: v for k, v in entries.items() if not k.startswith(WAITING)}
+                others = [k for k in held if k != key]
+                fits = not others or sum(held.values()) + n_bytes <= budget_bytes
+                overtakes = any(k != wait_key and v < since and now_ms - v > fair_after_s * 1e3
+                                for k, v in entries.items() if k.startswith(WAITING))
+                fits = fits and not overtakes
+                fits_since = (fits_since or time.monotonic()) if fits else None
+                if fits and (free_bytes is None or time.monotonic() - fits_since > settle_s
+                             or free_bytes() >= need_free_bytes):
+                    entries[key] = n_bytes
+                    del entries[wait_key]
+                    break
+            time.sleep(poll_s)
+    except BaseException:  # stopped while waiting (Ctrl-C, a timeout): leave no place in the queue behind
         with _locked_ledger(ledger) as entries:
-            used = sum(entries.values())
-            others = [k for k in entries if k != key]
-            fits = not others or used + n_bytes <= budget_bytes
-            fits_since = (fits_since or time.monotonic()) if fits else None
-            if fits and (free_bytes is None or time.monotonic() - fits_since > settle_s or free_bytes() >= need_free_bytes):
-                entries[key] = n_bytes
-                break
-        time.sleep(poll_s)
+            entries.pop(wait_key, None)
+        raise
     try:
         yield
     finally:
@@ -146,7 +169,8 @@ def _locked_ledger(path: str):
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.read(fd, 1 << 20)
         try:
-            entries = {k: int(v) for k, v in json.loads(raw or b"{}").items() if alive(int(k.split(".")[0]))}
+            entries = {k: int(v) for k, v in json.loads(raw or b"{}").items()
+                       if alive(int(k.removeprefix(WAITING).split(".")[0]))}
         except (ValueError, AttributeError):
             entries = {}
         yield entries
