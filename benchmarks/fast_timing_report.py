@@ -7,8 +7,10 @@ A traced rep (cudagym.eval.timing.Timer._time_traced) holds the strict window (w
 the GPU time to an event right after the call (`stream`), the host's time in the call and in the
 synchronisation, and the same call timed behind an unsynchronised flush (`busy`: the launch path
 hidden, as triton's do_bench). Per problem and run: medians of the candidate's and eager's parts, and
-speedup vs eager by the window and by busy; then each speedup's relative difference between the two
-runs and the median over problems (issue 12: within 3% at the median for kernels under 0.2 ms).
+speedup vs eager by the window, by busy and by span (a third call's GPU activity from CUPTI, first
+record to last over every stream: no host time in it); then each speedup's relative difference between
+the two runs and the median over problems (issue 12: within 3% at the median for kernels under 0.2 ms).
+Traces from before span existed (2026-12-02, session 11) have none: its columns stay empty.
 --names: {problem hash: name} (the hash is the first 12 hex of sha256 of the reference code).
 """
 
@@ -20,7 +22,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-PARTS = ("window_ms", "stream_ms", "busy_ms", "host_call_us", "host_sync_us")
+PARTS = ("window_ms", "stream_ms", "busy_ms", "span_ms", "active_ms", "host_call_us", "host_sync_us")
+KINDS = ("window", "busy", "span")  # the ways of timing a rep whose speedups are compared
 
 
 def load(path: Path) -> dict:
@@ -59,8 +62,9 @@ def summary(run: dict) -> dict:
             for part in PARTS:
                 values = roles[role][part]
                 row[f"{role}_{part}"] = statistics.median(values) if values else None
-        row["speedup_window"] = row["eager_window_ms"] / row["candidate_window_ms"]
-        row["speedup_busy"] = row["eager_busy_ms"] / row["candidate_busy_ms"]
+        for kind in KINDS:
+            eager, cand = row[f"eager_{kind}_ms"], row[f"candidate_{kind}_ms"]
+            row[f"speedup_{kind}"] = eager / cand if eager and cand else None
         rows[problem] = row
     return rows
 
@@ -70,23 +74,33 @@ def compare(a: dict, b: dict, fast_ms: float = 0.2) -> dict:
     candidate's window under fast_ms in both."""
     common = sorted(p for p in a if p in b and max(a[p]["candidate_window_ms"], b[p]["candidate_window_ms"]) < fast_ms)
     out = {"problems": common}
-    for kind in ("window", "busy"):
-        diffs = [abs(a[p][f"speedup_{kind}"] / b[p][f"speedup_{kind}"] - 1) for p in common]
+    for kind in KINDS:
+        timed = [p for p in common if a[p][f"speedup_{kind}"] and b[p][f"speedup_{kind}"]]
+        diffs = [abs(a[p][f"speedup_{kind}"] / b[p][f"speedup_{kind}"] - 1) for p in timed]
         out[kind] = {"median_rel_diff": statistics.median(diffs) if diffs else None,
-                     "max_rel_diff": max(diffs) if diffs else None, "per_problem": dict(zip(common, diffs))}
+                     "max_rel_diff": max(diffs) if diffs else None, "per_problem": dict(zip(timed, diffs))}
     return out
 
 
 def markdown(a: dict, b: dict, result: dict, names: dict) -> str:
-    lines = ["| problem | cand window a / b us | cand busy a / b us | host call us | eager window / busy us |"
-             " speedup window a / b | speedup busy a / b |", "|---" * 7 + "|"]
+    def us(v):
+        return f"{v * 1e3:.1f}" if v is not None else "-"
+
+    def x(v):
+        return f"{v:.3f}" if v is not None else "-"
+
+    lines = ["| problem | cand window a / b us | cand busy a / b us | cand span a / b us | host call us |"
+             " eager window / busy / span us | speedup window a / b | speedup busy a / b | speedup span a / b |",
+             "|---" * 9 + "|"]
     for p in result["problems"]:
         ra, rb = a[p], b[p]
-        lines.append(f"| {names.get(p, p)} | {ra['candidate_window_ms'] * 1e3:.1f} / {rb['candidate_window_ms'] * 1e3:.1f}"
-                     f" | {ra['candidate_busy_ms'] * 1e3:.1f} / {rb['candidate_busy_ms'] * 1e3:.1f}"
-                     f" | {ra['candidate_host_call_us']:.1f} | {ra['eager_window_ms'] * 1e3:.1f} / {ra['eager_busy_ms'] * 1e3:.1f}"
-                     f" | {ra['speedup_window']:.3f} / {rb['speedup_window']:.3f} | {ra['speedup_busy']:.3f} / {rb['speedup_busy']:.3f} |")
-    for kind in ("window", "busy"):
+        lines.append(f"| {names.get(p, p)} | {us(ra['candidate_window_ms'])} / {us(rb['candidate_window_ms'])}"
+                     f" | {us(ra['candidate_busy_ms'])} / {us(rb['candidate_busy_ms'])}"
+                     f" | {us(ra['candidate_span_ms'])} / {us(rb['candidate_span_ms'])}"
+                     f" | {ra['candidate_host_call_us']:.1f}"
+                     f" | {us(ra['eager_window_ms'])} / {us(ra['eager_busy_ms'])} / {us(ra['eager_span_ms'])}"
+                     + "".join(f" | {x(ra[f'speedup_{k}'])} / {x(rb[f'speedup_{k}'])}" for k in KINDS) + " |")
+    for kind in KINDS:
         r = result[kind]
         if r["median_rel_diff"] is not None:
             lines.append(f"\n{kind}: {len(result['problems'])} problems, median relative difference of the speedup between"

@@ -64,15 +64,18 @@ import hashlib, json, sys
 from cudagym.kernelbench import load_problems
 print(json.dumps({hashlib.sha256(p.code.encode()).hexdigest()[:12]: f'v0 L{p.level}/{p.problem_id} {p.name}'
                   for p in load_problems('v0', levels=[1])}))" > "$OUT/names.json" 2>> "$LOG"
+    IDS=$(ls "$EXPERT"/level1/*.py | sed 's#.*/##; s/_.*//' | sort -n | paste -sd, -)
     RUN_S=$(( $(left 40) / 2 ))
+    mkdir -p /tmp/traces  # judges may write only there (and their caches), not $OUT: the folder of the trace file
     for run in a b; do
       name=expert; [ $run = b ] && name=expert-b
-      CUDAGYM_TIMING_TRACE=$OUT/trace-$run.jsonl timeout -k 10 -s INT "$RUN_S" python3 -m cudagym eval run "$EXPERT" \
-        --kb-version v0 --levels 1 --device cuda --db "$OUT/expert.duckdb" --name "$name" --json > /dev/null 2>> "$LOG"
+      CUDAGYM_TIMING_TRACE=/tmp/traces/trace-$run.jsonl timeout -k 10 -s INT "$RUN_S" python3 -m cudagym eval run "$EXPERT" \
+        --kb-version v0 --levels 1 --ids "$IDS" --device cuda --db "$OUT/expert.duckdb" --name "$name" --json > /dev/null 2>> "$LOG"
       echo "eval run $run rc=$? at $(( $(date +%s) - T0 ))s" | tee -a "$LOG"
     done
+    gzip -c /tmp/traces/trace-a.jsonl > "$OUT/trace-a.jsonl.gz"; gzip -c /tmp/traces/trace-b.jsonl > "$OUT/trace-b.jsonl.gz"
     python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CHECKPOINT'); c.close()" "$OUT/expert.duckdb"
     python3 benchmarks/repeatability.py "$OUT/expert.duckdb" --a expert --b expert-b 2>&1 | tee -a "$LOG"
-    python3 benchmarks/fast_timing_report.py "$OUT/trace-a.jsonl" "$OUT/trace-b.jsonl" --names "$OUT/names.json" \
-      --out-md "$OUT/fast_timing.md" --out-json "$OUT/fast_timing.json" 2>&1 | tee -a "$LOG" ;;
+    python3 benchmarks/fast_timing_report.py /tmp/traces/trace-a.jsonl /tmp/traces/trace-b.jsonl --names "$OUT/names.json" \
+      --out-md "$OUT/fast_timing.md" 2>&1 | tee -a "$LOG" ;;
 esac

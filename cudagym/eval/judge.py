@@ -589,6 +589,8 @@ class Evaluation:
 
         times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
         evidence = clock.evidence(times, reps, empty)
+        if timer.trace:  # a benchmark's trace: each rep ran its call three times, the wall and CPU bounds mean nothing
+            evidence = None
         self.info["time_floors_ms"] = dict(clock.floors, cpus=clock.n_cpus)  # the judge's own bounds on a rep
         if evidence:
             # One sign is not proof: a rep that waited on a busy machine looks like one. Measure again,

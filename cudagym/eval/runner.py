@@ -63,15 +63,15 @@ class Runner:
         # Imported before the candidate, so the snapshot covers every harness function it could replace.
         import cudagym.eval.checks  # noqa: F401
         import cudagym.eval.guard  # noqa: F401
-        from cudagym.eval.integrity import Snapshot
-        from cudagym.eval.timing import Timer
+        from cudagym.eval.integrity import Snapshot, thread_ids
+        from cudagym.eval.timing import TRACE_ENV, Timer
 
         self.device, self.policy, self.task_dtypes = device, policy, set(task_dtypes)
         set_fp32_precision(precision)
         if device.startswith("cuda"):
             torch.cuda.set_device(device)
-        warm_up(device, profiler=timing_mode == "paper")
-        self.timer = Timer(device)
+        warm_up(device, profiler=timing_mode == "paper" or bool(os.environ.get(TRACE_ENV)))
+        self.timer = Timer(device, census=lambda: thread_ids()[1])
         self.snapshot = Snapshot.take()
 
         # A candidate with files builds from them by path (cpp_extension.load(sources=[...])); ninja
@@ -174,7 +174,10 @@ class Runner:
     def traced(self) -> dict:
         """The rep's parts for the judge to write down (a benchmark's trace, timing.TRACE_ENV; this process
         writes nowhere outside its workdir)."""
-        return {"trace": self.timer.last_trace} if self.timer.trace else {}
+        if not self.timer.trace:
+            return {}
+        self.snapshot.allow_threads(self.timer.profiler_threads)  # the trace's profiler sessions', not the candidate's
+        return {"trace": self.timer.last_trace}
 
     def load_slot(self, slot: int, content: int) -> list:
         import torch

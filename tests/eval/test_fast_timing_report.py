@@ -18,15 +18,19 @@ report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
 
 
-def _write_run(path: Path, monkeypatch, problems: dict) -> None:
-    """problems: {hash: (candidate window, eager window, candidate busy, eager busy)} in ms; three reps each,
+def _write_run(path: Path, monkeypatch, problems: dict, span: bool = True) -> None:
+    """problems: {hash: (candidate window, eager window, candidate busy, eager busy)} in ms (span: a tenth of
+    busy, the same in every run); three reps each,
     the middle one at the given value (the medians), a baseline job's reps that must be ignored."""
     monkeypatch.setenv(timing.TRACE_ENV, str(path))
     for problem, (cw, ew, cb, eb) in problems.items():
         for k in (0.9, 1.0, 1.3):
             for role, w, b in (("candidate", cw, cb), ("eager", ew, eb)):
-                timing.write_trace({"window_ms": w * k, "stream_ms": w * k / 2, "busy_ms": b * k, "host_call_us": 10.0,
-                                    "host_sync_us": 5.0}, role=role, problem=problem, mode="eval", pid=1)
+                parts = {"window_ms": w * k, "stream_ms": w * k / 2, "busy_ms": b * k, "host_call_us": 10.0,
+                         "host_sync_us": 5.0}
+                if span:
+                    parts["span_ms"] = b * k / 10
+                timing.write_trace(parts, role=role, problem=problem, mode="eval", pid=1)
         timing.write_trace({"window_ms": 99.0, "busy_ms": 99.0}, role="eager", problem=problem, mode="baseline", pid=2)
         # the eval judge's own reference reps: beside compile, not beside the candidate (an older trace's
         # `eager` after `compile`, and the role written now)
@@ -53,18 +57,20 @@ def test_speedups_by_window_and_busy_compared_between_runs(tmp_path, monkeypatch
     assert result["window"]["median_rel_diff"] == pytest.approx((w1 + w2) / 2)
     assert result["window"]["max_rel_diff"] == pytest.approx(max(w1, w2))
     assert result["busy"]["median_rel_diff"] == pytest.approx(0.0)
+    assert result["span"]["median_rel_diff"] == pytest.approx(0.0) and ra["p1"]["speedup_span"] == pytest.approx(1.1)
     text = report.markdown(ra, rb, result, {"p1": "L1/21 Sigmoid"})
-    assert "L1/21 Sigmoid" in text and "busy: 2 problems" in text
+    assert "L1/21 Sigmoid" in text and "busy: 2 problems" in text and "span: 2 problems" in text
 
 
 def test_cli_writes_report_and_refuses_missing_trace(tmp_path, monkeypatch, capsys):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    _write_run(a, monkeypatch, {"p1": (0.05, 0.05, 0.01, 0.01)})
-    _write_run(b, monkeypatch, {"p1": (0.05, 0.04, 0.01, 0.01)})
+    _write_run(a, monkeypatch, {"p1": (0.05, 0.05, 0.01, 0.01)}, span=False)  # a trace from before span existed
+    _write_run(b, monkeypatch, {"p1": (0.05, 0.04, 0.01, 0.01)}, span=False)
     out = tmp_path / "r.json"
     assert report.main([str(a), str(b), "--out-json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["compare"]["window"]["median_rel_diff"] == pytest.approx(0.25)
+    assert data["compare"]["span"]["median_rel_diff"] is None and data["a"]["p1"]["speedup_span"] is None
     with pytest.raises(SystemExit) as exc:
         report.main([str(a), str(tmp_path / "missing.jsonl")])
     assert exc.value.code == 2 and "no trace" in capsys.readouterr().err

@@ -152,3 +152,47 @@ def test_a_fast_call_gets_at_least_a_hundred_reps_and_a_slow_one_does_not():
 
     assert FAST_MIN_REPS <= len(adaptive_reps(lambda i: 0.02, min_reps=10, max_reps=100, max_seconds=60)) <= FAST_MIN_REPS + 5
     assert len(adaptive_reps(lambda i: 2.0, min_reps=10, max_reps=100, max_seconds=60)) < FAST_MIN_REPS
+
+
+def test_activity_span_and_busy_time_over_streams():
+    """Records on two streams: the span runs from the first start to the last end; the busy time
+    counts overlapping work once and the gaps not at all."""
+    from cudagym.eval.timing import activity_ms
+
+    assert activity_ms([]) == (0.0, 0.0)
+    ranges = [(100.0, 110.0), (105.0, 120.0),  # two streams overlapping: busy 100-120
+              (150.0, 160.0),  # after a 30 us gap (a host launch)
+              (152.0, 155.0)]  # inside the previous one
+    span, busy = activity_ms(ranges)
+    assert span == pytest.approx(0.060) and busy == pytest.approx(0.030)
+
+
+def test_profiled_records_span_the_work_and_not_the_host_before_it():
+    """On the CPU (the logic without a GPU: CPU op rows stand in for device records), a call with a
+    pause between two ops spans the pause; the ranges come from the work run() did, and the profiler's
+    threads are told apart from one run() started."""
+    import threading
+    import time as _time
+
+    import torch
+
+    from cudagym.eval.integrity import thread_ids
+    from cudagym.eval.timing import activity_ms, profiled
+
+    x = torch.randn(64, 64)
+    started = threading.Event()
+    worker = threading.Thread(target=lambda: (started.set(), _time.sleep(0.5)))
+
+    def run():
+        torch.mm(x, x)
+        _time.sleep(0.05)
+        worker.start()
+        started.wait()
+        torch.mm(x, x)
+
+    ranges, profiler_threads = profiled(run, census=lambda: thread_ids()[1], device_type="cpu")
+    span, busy = activity_ms(ranges)
+    assert len(ranges) >= 2
+    assert span >= 50.0 and busy < span  # ms: the pause is inside the span, not in the busy time
+    assert str(worker.native_id) not in profiler_threads
+    worker.join()
