@@ -977,8 +977,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, TaskError, ValueError, OSError) as e:
         print(f"cudagym: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("cudagym: interrupted (results stored so far are kept; re-run to resume)", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        where = f"; {e}" if str(e) else ""  # an eval one's judge says where it was (evaluate.judge_phase)
+        print(f"cudagym: interrupted{where} (results stored so far are kept; re-run to resume)", file=sys.stderr)
         return 130
 
 

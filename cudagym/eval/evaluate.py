@@ -253,6 +253,18 @@ def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str,
     return killed
 
 
+PHASE_FILE = "phase.json"  # in a judge's workdir: what it does now and since when (judge.mark_phase writes it)
+
+
+def judge_phase(workdir: str) -> str:
+    """What a judge was doing and for how long, from the note it keeps in its workdir (judge.mark_phase)."""
+    try:
+        note = json.loads(Path(workdir, PHASE_FILE).read_text())
+        return f"{note['phase']} for {max(0.0, time.time() - float(note['since'])):.0f} s"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "starting (imports, the reference)"
+
+
 def _report_lines(lines_path: str, reported: int, on_line: Callable[[int, dict], None] | None) -> int:
     """How many whole lines the judge's results file has; those after the first `reported` go to on_line."""
     data = Path(lines_path).read_bytes() if os.path.exists(lines_path) else b""
@@ -280,7 +292,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
         json.dump(request, f)
     log_path = os.path.join(workdir, "judge.log")
     lines_path = os.path.join(workdir, "results.jsonl")  # a judge of several tasks: a line per finished task
-    env = dict(without_secrets(os.environ), PYTHONDONTWRITEBYTECODE="1")
+    env = dict(without_secrets(os.environ), PYTHONDONTWRITEBYTECODE="1", CUDAGYM_EVAL_PID=str(os.getpid()))
     if config.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # judge and runner alternate on the CPU; spinning thread pools would time each other
     if config.compile_threads:
@@ -296,6 +308,11 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
                     kill_tree(proc.pid)
             try:
                 killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s, on_line)
+            except KeyboardInterrupt:  # Ctrl-C, or a caller's deadline: the judge goes too, and says where it was
+                where = judge_phase(workdir)
+                kill_tree(proc.pid)
+                proc.wait()
+                raise KeyboardInterrupt(f"its judge was {where}") from None
             finally:
                 with _LIVE_LOCK:
                     _LIVE_JUDGES.discard(proc)
@@ -303,7 +320,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
         done = [json.loads(line) for line in Path(lines_path).read_text().splitlines()] if os.path.exists(lines_path) else None
         if killed:
             reason, stalled = killed
-            return {"status": "timeout", "reason": reason, "stalled": stalled,
+            return {"status": "timeout", "reason": f"{reason} (the judge was {judge_phase(workdir)})", "stalled": stalled,
                     **({"results": done} if done is not None else {})}
         if not os.path.exists(result_path) and _STOPPING.is_set():
             raise Interrupted(done)

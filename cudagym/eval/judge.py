@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from cudagym.eval import checks
+from cudagym.eval.evaluate import PHASE_FILE
 from cudagym.eval.gpulock import device_lock_path, gpu_lock, memory_reservation, on_cpus
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
@@ -793,6 +794,18 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
     return out
 
 
+def mark_phase(req: Request, phase: str) -> None:
+    """Note what the judge does now, for the one who waits on it: a judge killed at a deadline or by
+    Ctrl-C is reported with where it was (waiting for memory, for the timing lock, ...)."""
+    path = os.path.join(req.workdir, PHASE_FILE)
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump({"phase": phase, "since": time.time()}, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 def trace_about(req: Request) -> dict:
     """Which judge a traced rep came from: the problem (its code's hash, the same in every run), mode, pid."""
     return {"problem": sha256_text(req.ref_code)[:12], "mode": req.mode, "pid": os.getpid()}
@@ -856,15 +869,19 @@ def evaluate(req: Request) -> dict:
         # Admission first: the runner's load makes its CUDA context and warms it up (cuBLAS, cuDNN, the
         # profiler), memory the ledger must know of; so the build runs under the reservation, outside
         # the GPU lock (CPU work). Judges waiting here hold no GPU memory at all.
+        mark_phase(req, "waiting for GPU memory")
         stack.enter_context(ev.reservation())
         phase_s["wait_memory"], t0 = time.perf_counter() - t0, time.perf_counter()
+        mark_phase(req, "loading the candidate (its build)")
         reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, files=req.candidate_files, device=req.device,
                                policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)),
                                timing_mode=req.timing_mode, precision=req.precision)
         result["env"]["sandbox"] = reply.get("sandbox")
         ev.add_flags(reply.get("flags"))
         phase_s["load"], t0 = time.perf_counter() - t0, time.perf_counter()
+        mark_phase(req, "waiting for the GPU lock")
         with gpu_lock(req.lock_path, exclusive=req.exclusive):
+            mark_phase(req, "checking")
             ev.build_model()
             reply = runner.request(req.call_timeout_s, op="init", init_args=ev.init_args, state_dict=ev.model.state_dict(),
                                    init_seed=ev.init_seed, gpu_memory_fraction=req.gpu_memory_fraction)
@@ -881,7 +898,9 @@ def evaluate(req: Request) -> dict:
                 compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device)
         if req.time_candidate:
             t0 = time.perf_counter()
+            mark_phase(req, "waiting for its turn to time (the GPU alone)")
             with timing_turn(req, runner.proc.pid):
+                mark_phase(req, "timing")
                 result.update(ev.time_candidate(runner, sets, refs))
                 ev.add_flags(runner.request(req.call_timeout_s, op="integrity").get("flags"))
                 if compiled is not None:
@@ -1082,8 +1101,10 @@ def _measure_task(ev: Evaluation, out: dict, timed: bool, checked: bool) -> None
 
 
 def main(argv: list[str]) -> int:
-    from cudagym.tasks.sandbox import isolate
+    from cudagym.tasks.sandbox import die_with_parent, isolate
 
+    if os.environ.get("CUDAGYM_EVAL_PID"):  # killed with the process that waits on it (an eval one SIGKILLed)
+        die_with_parent(int(os.environ["CUDAGYM_EVAL_PID"]))
     request_path = argv[1]
     with open(request_path) as f:
         req = Request(**json.load(f))

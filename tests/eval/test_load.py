@@ -8,6 +8,7 @@ calling thread's, and the floor under which no call can report."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -201,3 +202,61 @@ def test_a_separate_eval_one_process_waits_for_the_machines_device_lock(tmp_path
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert '"status": "pass"' in out, out
+
+
+def judges_of(locks: str) -> list[int]:
+    """Live judge processes started under this lock folder (their environment names it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"cudagym.eval.judge" in cmdline and f"CUDAGYM_LOCK_DIR={locks}".encode() in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_judge_killed_at_its_deadline_says_where_it_was(tmp_path):
+    """A judge that ran out of time waiting for the device's lock (held here) reports that, not only
+    that it ran out of time: a user under load learns what it waited for."""
+    path = device_lock_path(prepare_lock_dir(str(tmp_path / "locks")), "cpu")
+    ref, cand = (FIXTURES / "problems" / "add_scale.py").read_text(), (FIXTURES / "honest" / "add_scale_torch_add.py").read_text()
+    with gpu_lock(path, exclusive=True):
+        verdict = evaluate_candidate(ref, cand, EvalConfig(device="cpu", policy="permissive", n_checks=2, lock_path=path,
+                                                           task_timeout_s=25))
+    assert verdict.status is Status.TIMEOUT, verdict.reason
+    assert "evaluation exceeded 25 s (the judge was waiting for the GPU lock for" in verdict.reason, verdict.reason
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_eval_one_stops_its_judge_and_says_where_it_was(tmp_path, sig):
+    """Ctrl-C (or a caller's deadline: SIGINT) on `cudagym eval one` while its judge waits for the device:
+    one line that says so, exit 130, and no judge left behind holding its place (the judge runs in a
+    session of its own, out of reach of the terminal's signal). SIGKILL: no line, and still no judge
+    left (it dies with its parent)."""
+    locks = prepare_lock_dir(str(tmp_path / "locks"))
+    env = dict(os.environ, CUDAGYM_LOCK_DIR=locks)
+    ref, cand = FIXTURES / "problems" / "add_scale.py", FIXTURES / "honest" / "add_scale_torch_add.py"
+    cmd = [sys.executable, "-m", "cudagym", "eval", "one", "--ref", str(ref), "--candidate", str(cand),
+           "--device", "cpu", "--policy", "permissive", "--json", "--n-checks", "2"]
+    path = device_lock_path(locks, "cpu")
+    with gpu_lock(path, exclusive=True):
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 180
+        while not lock_waiters(path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert lock_waiters(path) == 1 and judges_of(locks), "the judge never waited for the lock"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, err
+        assert err.strip().splitlines()[-1].startswith("cudagym: interrupted; its judge was waiting for the GPU lock for"), err
+    time.sleep(0.5)
+    assert judges_of(locks) == [], "a judge outlived its eval one"
