@@ -192,6 +192,17 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGINT first, as Ctrl-C: a cudagym command stops its judges and says where they were (its last
+    stderr line, kept in the call's reason); what is left after grace_s is killed."""
+    try:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    kill_tree(proc)
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     for pid in reversed(descendants(proc.pid)):
         try:
@@ -296,7 +307,9 @@ def finish(run: Running, killed: bool, by_key: dict[tuple[int, int], "Candidate"
     call.stderr_tail = stderr[-1500:] or None
     rows = json_lines(stdout)
     if killed:
-        call.status, call.reason = "killed", f"killed after {call.wall_s:.0f} s (deadline or --call-timeout-s)"
+        said = [line for line in stderr.strip().splitlines() if line.startswith("cudagym: interrupted")]
+        call.status, call.reason = "killed", (f"killed after {call.wall_s:.0f} s (deadline or --call-timeout-s)"
+                                              + (f": {said[-1][len('cudagym: '):][:300]}" if said else ""))
     elif call.kind == "one" and rows:
         fill_from_verdict(call, rows[-1])
     elif call.kind == "run":
@@ -328,7 +341,7 @@ def wait_all(running: list[Running], clock: Clock, by_key, calls: list[Call], ne
                 continue
             killed = run.proc.poll() is None
             if killed:
-                kill_tree(run.proc)
+                stop(run.proc)
                 complete = False
             running.remove(run)
             rows = finish(run, killed, by_key, calls, next_id)
