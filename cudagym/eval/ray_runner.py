@@ -310,7 +310,9 @@ def _init(ray, address: str | None) -> None:
         except OSError as e:
             raise RunnerError(f"cannot reach the Ray cluster at {address}: {e}") from None
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, **options)
+        # "local": without an address, a cluster of our own, as the help says, even where another runs on
+        # this machine (Ray would join that one; `--address auto` does that on purpose)
+        ray.init(address=address or "local", log_to_driver=False, logging_level=logging.WARNING, **options)
     except (ConnectionError, RuntimeError, ValueError) as e:
         what = f"reach the Ray cluster at {address}" if address else "start Ray"
         raise RunnerError(f"cannot {what}: {_first_line(e)}") from None

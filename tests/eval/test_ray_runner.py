@@ -36,7 +36,10 @@ CPU = EvalConfig(device="cpu", n_checks=2, timeout_s=30)
 @pytest.fixture(scope="module")
 def cluster():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    # address="local": a cluster of its own, even where another runs on the machine (a fresh-clone CI run
+    # beside another suite found one and failed every test here with "connecting to an existing cluster")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jobs below travel by value
     yield
     ray.shutdown()
