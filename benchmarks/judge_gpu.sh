@@ -60,9 +60,11 @@ case $STEP in
       --deadline-s "${PREBUILD_S:-150}" >> "$LOG" 2>&1
     echo "prebuild rc=$? at $(( $(date +%s) - T0 ))s" | tee -a "$LOG"
     python3 -c "
-import hashlib, json, sys
+import json
+from cudagym.eval.judge import trace_about, Request
 from cudagym.kernelbench import load_problems
-print(json.dumps({hashlib.sha256(p.code.encode()).hexdigest()[:12]: f'v0 L{p.level}/{p.problem_id} {p.name}'
+# the trace's problem key (judge.trace_about) -> a readable name
+print(json.dumps({trace_about(Request(mode='eval', ref_code=p.code, workdir=''))['problem']: f'v0 L{p.level}/{p.problem_id} {p.name}'
                   for p in load_problems('v0', levels=[1])}))" > "$OUT/names.json" 2>> "$LOG"
     IDS=$(ls "$EXPERT"/level1/*.py | sed 's#.*/##; s/_.*//' | sort -n | paste -sd, -)
     RUN_S=$(( $(left 40) / 2 ))

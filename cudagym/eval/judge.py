@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import gc
 import hashlib
 import importlib
@@ -637,8 +638,8 @@ class Evaluation:
         self.check_timed_output(outs, refs[content], i)
         return ms, measured.value
 
-    @property
-    def trace_about(self) -> dict:
+    @functools.cached_property
+    def trace_about(self) -> dict:  # once per judge: the reps call write_trace whether or not a trace is on
         return trace_about(self.req)
 
     def time_candidate_paper(self, runner: RunnerProcess, sets, refs, buffers) -> dict:
@@ -774,17 +775,18 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
                 out["t_compile_ms"] = profiler_kernel_ms(lambda: compiled(*sets[0]))
         return out
     eager, comp = [], []
+    about = trace_about(req)
 
     def rep(i: int) -> float:
         with torch.no_grad():
             timer.flush()
             ms = timer.time_ms(lambda: model(*sets[i % len(sets)]))[0]
-            write_trace(timer.last_trace, role="reference_eager", **trace_about(req))  # not the live eager beside the candidate
+            write_trace(timer.last_trace, role="reference_eager", **about)  # not the live eager beside the candidate
             eager.append(ms)
             if compiled is not None:
                 timer.flush()
                 comp.append(timer.time_ms(lambda: compiled(*sets[i % len(sets)]))[0])
-                write_trace(timer.last_trace, role="compile", **trace_about(req))
+                write_trace(timer.last_trace, role="compile", **about)
         return ms + (comp[-1] if comp else 0.0)
 
     adaptive_reps(rep, req.min_reps, req.max_reps, req.max_timing_s)

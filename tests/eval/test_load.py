@@ -182,23 +182,31 @@ def lock_waiters(path: str) -> int:
     return sum(1 for line in Path("/proc/locks").read_text().splitlines() if "->" in line and inode in line + " ")
 
 
+def eval_one_waiting_for(path: str, locks: str) -> subprocess.Popen:
+    """`cudagym eval one` of an honest CPU candidate in a process of its own, using the lock folder
+    `locks`, once one process waits on the lock file `path` (which the caller holds alone)."""
+    ref, cand = FIXTURES / "problems" / "add_scale.py", FIXTURES / "honest" / "add_scale_torch_add.py"
+    cmd = [sys.executable, "-m", "cudagym", "eval", "one", "--ref", str(ref), "--candidate", str(cand),
+           "--device", "cpu", "--policy", "permissive", "--json", "--n-checks", "2"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, CUDAGYM_LOCK_DIR=locks), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not lock_waiters(path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert lock_waiters(path) == 1, "nothing waited for the lock"
+    return proc
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks")
 def test_a_separate_eval_one_process_waits_for_the_machines_device_lock(tmp_path):
     """`cudagym eval one` in a process of its own takes the machine's lock of its device: while this
     test holds it alone, the other process waits on it (seen in /proc/locks); released, it passes."""
     locks = prepare_lock_dir(str(tmp_path / "locks"))
-    env = dict(os.environ, CUDAGYM_LOCK_DIR=locks)
-    ref, cand = FIXTURES / "problems" / "add_scale.py", FIXTURES / "honest" / "add_scale_torch_add.py"
-    cmd = [sys.executable, "-m", "cudagym", "eval", "one", "--ref", str(ref), "--candidate", str(cand),
-           "--device", "cpu", "--policy", "permissive", "--json", "--n-checks", "2"]
     path = device_lock_path(locks, "cpu")
     with gpu_lock(path, exclusive=True):
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 180
-        while not lock_waiters(path) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert lock_waiters(path) == 1 and proc.poll() is None, "the eval one process never waited for the lock"
+        proc = eval_one_waiting_for(path, locks)
+        assert proc.poll() is None, "the eval one process never waited for the lock"
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert '"status": "pass"' in out, out
@@ -242,17 +250,10 @@ def test_an_interrupted_eval_one_stops_its_judge_and_says_where_it_was(tmp_path,
     session of its own, out of reach of the terminal's signal). SIGKILL: no line, and still no judge
     left (it dies with its parent)."""
     locks = prepare_lock_dir(str(tmp_path / "locks"))
-    env = dict(os.environ, CUDAGYM_LOCK_DIR=locks)
-    ref, cand = FIXTURES / "problems" / "add_scale.py", FIXTURES / "honest" / "add_scale_torch_add.py"
-    cmd = [sys.executable, "-m", "cudagym", "eval", "one", "--ref", str(ref), "--candidate", str(cand),
-           "--device", "cpu", "--policy", "permissive", "--json", "--n-checks", "2"]
     path = device_lock_path(locks, "cpu")
     with gpu_lock(path, exclusive=True):
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 180
-        while not lock_waiters(path) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert lock_waiters(path) == 1 and judges_of(locks), "the judge never waited for the lock"
+        proc = eval_one_waiting_for(path, locks)
+        assert judges_of(locks), "the judge never waited for the lock"
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     if sig == signal.SIGINT:
