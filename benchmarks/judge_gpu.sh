@@ -6,8 +6,9 @@
 # 16+ concurrent eval one + an eval run) | stress-both (both modes at once: every candidate, multi-GB ones
 # included, as an eval one in each mode, and one eval run per mode without the multi-GB problems; the lone
 # yardstick from LONE_FROM, an earlier results JSON) | repeat (the 19 fast honest kernels of
-# benchmarks/expert_submission.py, KernelBench v0 L1, timed by two traced eval runs: benchmarks/repeatability.py
-# and benchmarks/fast_timing_report.py; run a is named `expert` in $OUT/expert.duckdb, which agent_gpu.sh
+# benchmarks/expert_submission.py, KernelBench v0 L1, timed by two eval runs, each with its own store so
+# both time compile: benchmarks/repeatability.py --by-measure; REPEAT_TRACE=1 traces every rep for
+# benchmarks/fast_timing_report.py; run a is named `expert` in $OUT/expert.duckdb, which agent_gpu.sh
 # resumes when carried back as .devout/expert.duckdb). SECONDS bounds the step. Results under $OUT: one log
 # per step and JSON files.
 set -uo pipefail
@@ -34,6 +35,7 @@ case $STEP in
       --out "$OUT/$STEP.json" --deadline-s "$LIMIT" > "$OUT/$STEP.txt" 2>&1
     tail -40 "$OUT/$STEP.txt" ;;
   stress-both)
+    python3 benchmarks/timing_sanity.py > "$OUT/timing_sanity.txt" 2>&1 || { tail -12 "$OUT/timing_sanity.txt"; exit 1; }
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 2 > "$OUT/smi.csv" 2>&1 &
     SMI=$!
     timeout -k 10 -s INT "${PREBUILD_S:-170}" python3 benchmarks/stress.py --kb-version v0.1 --phases prebuild \
@@ -55,6 +57,14 @@ case $STEP in
     sort -t, -k3 -n "$OUT/smi.csv" | tail -1 ;;
   repeat)
     EXPERT=/tmp/expert; LOG=$OUT/repeat.log
+    # First the queued method itself (stop early if it fails), then, while the expert kernels build, the
+    # references of launch-heavy L3 networks as candidates: long host paths, spins that must grow, no false evidence.
+    python3 benchmarks/timing_sanity.py --json "$OUT/timing_sanity.json" > "$OUT/timing_sanity.txt" 2>&1; rc=$?
+    tail -12 "$OUT/timing_sanity.txt"; [ $rc = 0 ] || exit 1
+    python3 benchmarks/reference_submission.py /tmp/refsub --kb-version v0.1 --levels 3
+    timeout -k 10 -s INT "${L3_S:-200}" python3 -m cudagym eval run /tmp/refsub --kb-version v0.1 --levels 3 --ids "${L3_IDS:-3,9,10,15}" \
+      --policy permissive --device cuda --db "$OUT/l3ref.duckdb" --name l3ref --json > "$OUT/l3ref.jsonl" 2> "$OUT/l3ref.log" &
+    L3=$!
     python3 benchmarks/expert_submission.py "$EXPERT" > "$LOG" 2>&1 || exit 1
     timeout -k 10 -s INT "$(( ${PREBUILD_S:-150} + 10 ))" python3 benchmarks/prebuild.py "$EXPERT" --parallel "$(nproc)" \
       --deadline-s "${PREBUILD_S:-150}" >> "$LOG" 2>&1
@@ -66,18 +76,30 @@ from cudagym.kernelbench import load_problems
 # the trace's problem key (judge.trace_about) -> a readable name
 print(json.dumps({trace_about(Request(mode='eval', ref_code=p.code, workdir=''))['problem']: f'v0 L{p.level}/{p.problem_id} {p.name}'
                   for p in load_problems('v0', levels=[1])}))" > "$OUT/names.json" 2>> "$LOG"
+    wait $L3; echo "l3 references rc=$? at $(( $(date +%s) - T0 ))s" | tee -a "$LOG"
+    python3 -c "
+import json, sys
+for line in open(sys.argv[1]):
+    v = json.loads(line); t = v.get('timing') or {}
+    print('l3ref', v['problem_id'], v['name'][:24], v['status'], v.get('flags'), str(v.get('reason', ''))[:120],
+          {k: t.get(k) for k in ('method', 'median_ms', 'window_median_ms', 'host_median_ms', 'exposed_fraction')}, (t.get('info') or {}).get('time_floors_ms'))
+" "$OUT/l3ref.jsonl" 2>&1 | tee -a "$LOG"
     IDS=$(ls "$EXPERT"/level1/*.py | sed 's#.*/##; s/_.*//' | sort -n | paste -sd, -)
     RUN_S=$(( $(left 40) / 2 ))
     mkdir -p /tmp/traces  # judges may write only there (and their caches), not $OUT: the folder of the trace file
     for run in a b; do
-      name=expert; [ $run = b ] && name=expert-b
-      CUDAGYM_TIMING_TRACE=/tmp/traces/trace-$run.jsonl timeout -k 10 -s INT "$RUN_S" python3 -m cudagym eval run "$EXPERT" \
-        --kb-version v0 --levels 1 --ids "$IDS" --device cuda --db "$OUT/expert.duckdb" --name "$name" --json > /dev/null 2>> "$LOG"
+      name=expert; db=$OUT/expert.duckdb; [ $run = b ] && name=expert-b && db=$OUT/expert-b.duckdb  # b times compile again
+      trace=(); [ -n "${REPEAT_TRACE:-}" ] && trace=(env CUDAGYM_TIMING_TRACE=/tmp/traces/trace-$run.jsonl)
+      "${trace[@]}" timeout -k 10 -s INT "$RUN_S" python3 -m cudagym eval run "$EXPERT" \
+        --kb-version v0 --levels 1 --ids "$IDS" --device cuda --db "$db" --name "$name" --json > /dev/null 2>> "$LOG"
       echo "eval run $run rc=$? at $(( $(date +%s) - T0 ))s" | tee -a "$LOG"
+      python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CHECKPOINT'); c.close()" "$db"
     done
-    gzip -c /tmp/traces/trace-a.jsonl > "$OUT/trace-a.jsonl.gz"; gzip -c /tmp/traces/trace-b.jsonl > "$OUT/trace-b.jsonl.gz"
-    python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CHECKPOINT'); c.close()" "$OUT/expert.duckdb"
-    python3 benchmarks/repeatability.py "$OUT/expert.duckdb" --a expert --b expert-b 2>&1 | tee -a "$LOG"
-    python3 benchmarks/fast_timing_report.py /tmp/traces/trace-a.jsonl /tmp/traces/trace-b.jsonl --names "$OUT/names.json" \
-      --out-md "$OUT/fast_timing.md" 2>&1 | tee -a "$LOG" ;;
+    python3 benchmarks/repeatability.py "$OUT/expert.duckdb" --db-b "$OUT/expert-b.duckdb" --a expert --b expert-b \
+      --by-measure 2>&1 | tee -a "$LOG"
+    if [ -n "${REPEAT_TRACE:-}" ]; then
+      gzip -c /tmp/traces/trace-a.jsonl > "$OUT/trace-a.jsonl.gz"; gzip -c /tmp/traces/trace-b.jsonl > "$OUT/trace-b.jsonl.gz"
+      python3 benchmarks/fast_timing_report.py /tmp/traces/trace-a.jsonl /tmp/traces/trace-b.jsonl --names "$OUT/names.json" \
+        --out-md "$OUT/fast_timing.md" 2>&1 | tee -a "$LOG"
+    fi ;;
 esac

@@ -48,8 +48,10 @@ PRECISION_DTYPES = {"strict": "float32-notf32", "kernelbench": "float32-kernelbe
 
 def baseline_key(task: Task, env: dict, timing_mode: str, precision: str = "strict") -> BaselineKey:
     """The cache key of a task's baseline on a machine: fp32 with TF32 off (precision strict) or
-    torch's defaults (kernelbench) are different dtypes."""
-    return BaselineKey(task.sha256, env["gpu"], env["torch"], env["cuda"], PRECISION_DTYPES[precision], timing_mode)
+    torch's defaults (kernelbench) are different dtypes. Strict on a GPU names its method (launches
+    queued behind a spin, timing.Timer), so a store timed by the earlier event window is never mixed with it."""
+    method = f"{timing_mode}-queued" if timing_mode == "strict" and env["gpu"] != "cpu" else timing_mode
+    return BaselineKey(task.sha256, env["gpu"], env["torch"], env["cuda"], PRECISION_DTYPES[precision], method)
 
 
 def audit_key(task: Task, env: dict, config: EvalConfig) -> AuditKey:

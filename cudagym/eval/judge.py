@@ -54,6 +54,11 @@ from cudagym.tasks.sandbox import MemoryWatchdog, describe_exit, kill_tree
 
 TIMING_INPUT_BUDGET_BYTES = 4 * 2**30  # rotated timing input sets share this much memory
 FP64_LIMIT_BYTES = 2 * 2**30  # skip the float64 reference above this input size
+# A queued rep's spin, call and tail add up to its whole window (all five events on the GPU's clock;
+# elapsed_time resolves about 0.5 us): beyond this the numbers were not measured.
+PARTS_SLACK, PARTS_SLACK_MS = 0.001, 0.003
+# A timed rep's tail (its call's end to the device-wide synchronisation) may pass an empty rep's by this much.
+TAIL_MARGIN_MS, TAIL_FACTOR = 0.05, 1.0
 CONFIRM_REPS = 20  # empty and timed reps in turn that must show a tampered timer again before it is flagged
 FP64_CHECKS = 2  # checks that also compare against the float64 reference (it is slow for convolutions)
 
@@ -258,6 +263,13 @@ def footprint_bytes(ref: types.ModuleType, init_args: list) -> int:
 CONTEXT_BYTES = 2 * 2**30  # a judge's and its runner's CUDA contexts, handles and warm-up
 
 
+def memory_share(footprint: int, budget: int, exclusive: bool) -> tuple[int, int]:
+    """(the ledger share a judge reserves, the device memory that must be free before it starts): its
+    footprint, or for a rerun after running out of memory (`exclusive`) the whole budget, both."""
+    share = budget if exclusive else footprint
+    return share, min(share, budget)
+
+
 # Neither of these creates a CUDA context in the calling process (device properties, and NVML for what
 # is in use): a judge asks them while it waits for admission, when it must hold no GPU memory.
 def memory_budget_bytes(device: str) -> int:
@@ -420,10 +432,13 @@ class Evaluation:
         device = self.req.device
         budget = memory_budget_bytes(device)
         # A rerun after an OOM takes the whole budget: it waits until no other judge holds GPU memory
-        # (judges waiting for the exclusive lock keep theirs, so the lock alone would not free any).
-        footprint = footprint_bytes(self.ref, self.init_args)
-        with memory_reservation(self.req.lock_path, budget if self.req.exclusive else footprint, budget,
-                                free_bytes=lambda: device_free_bytes(device), need_free_bytes=min(footprint, budget)):
+        # (judges waiting for the exclusive lock keep theirs, so the lock alone would not free any), and
+        # until the device has the whole budget free: its footprint was already too small once. On the
+        # H200 (session 12) a 100 GB RMSNorm judge, which needs ~120 GB, ran out of memory beside another
+        # process's 23.6 GB: a rerun that waits only for its (low) footprint to be free can meet the same.
+        share, need_free = memory_share(footprint_bytes(self.ref, self.init_args), budget, self.req.exclusive)
+        with memory_reservation(self.req.lock_path, share, budget,
+                                free_bytes=lambda: device_free_bytes(device), need_free_bytes=need_free):
             torch.cuda.set_device(device)
             yield
 
@@ -572,51 +587,62 @@ class Evaluation:
         clock = RepClock(runner)
         empty: list[tuple] = []
         reps: list[tuple] = []  # (wall ms, CPU ms of the candidate's process, CPU ms of its main thread) per rep
-        self.empty_rep(runner, buffers, refs, 0, len(sets), clock)  # a first, cold one: not a yardstick
+        parts: list[dict] = []  # the candidate's reps' parts (CUDA: Timer._time_queued)
+        empty_parts: list[dict] = []
+        self.empty_rep(runner, buffers, refs, 0, len(sets), clock, [])  # a first, cold one: not a yardstick
         for i in range(3):
-            empty.append(self.empty_rep(runner, buffers, refs, i, len(sets), clock))
-        eager_times = []
+            empty.append(self.empty_rep(runner, buffers, refs, i, len(sets), clock, empty_parts))
+        eager_times, eager_parts = [], []
 
         def rep(i: int) -> float:
             if i % 5 == 4:  # empty reps throughout, so a change of load meets both kinds alike
-                empty.append(self.empty_rep(runner, buffers, refs, i, len(sets), clock))
-            ms, measured = self.timed_rep(runner, buffers, refs, i, len(sets), clock)
+                empty.append(self.empty_rep(runner, buffers, refs, i, len(sets), clock, empty_parts))
+            ms, rep_parts, measured = self.timed_rep(runner, buffers, refs, i, len(sets), clock)
             reps.append(measured)
+            parts.append(rep_parts)
             if self.req.eager_baseline:
                 with torch.no_grad():
                     timer.flush()
                     eager_times.append(timer.time_ms(lambda: self.model(*sets[rep_layout(i, len(sets))[1]]))[0])
+                    eager_parts.append(timer.last_parts)
                     write_trace(timer.last_trace, role="eager", **self.trace_about)
             return ms
 
         times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
-        evidence = clock.evidence(times, reps, empty)
+        # The evidence is each rep's whole window (synchronised at both ends, so it holds the host's path
+        # through the call, which the judge's clocks bound), and the tail of the call's stream.
+        evidence = clock.evidence(windows(times, parts), reps, empty) or tail_evidence(parts, empty_parts)
         if timer.trace:  # a benchmark's trace: each rep ran its call three times, the wall and CPU bounds mean nothing
             evidence = None
         self.info["time_floors_ms"] = dict(clock.floors, cpus=clock.n_cpus)  # the judge's own bounds on a rep
         if evidence:
             # One sign is not proof: a rep that waited on a busy machine looks like one. Measure again,
             # empty and timed reps in turn, and flag only what is still there.
-            again, again_reps, again_empty = [], [], []
+            again, again_parts, again_reps, again_empty, again_empty_parts = [], [], [], [], []
             for j in range(CONFIRM_REPS):
-                again_empty.append(self.empty_rep(runner, buffers, refs, j, len(sets), clock))
-                ms, measured = self.timed_rep(runner, buffers, refs, j, len(sets), clock)
+                again_empty.append(self.empty_rep(runner, buffers, refs, j, len(sets), clock, again_empty_parts))
+                ms, rep_parts, measured = self.timed_rep(runner, buffers, refs, j, len(sets), clock)
                 again.append(ms)
+                again_parts.append(rep_parts)
                 again_reps.append(measured)
-            confirmed = clock.evidence(again, again_reps, again_empty)
+            confirmed = (clock.evidence(windows(again, again_parts), again_reps, again_empty)
+                         or tail_evidence(again_parts, again_empty_parts))
             self.info["timer_check"] = {"first": evidence, "again": confirmed}
             if confirmed:
                 self.add_flags({"timer_tamper": [confirmed]})
         stats = summarize(times)
         stats["timed_outputs_checked"] = len(times)
+        stats.update(method_summary(timer, parts))
         result = {"t_candidate_ms": stats["median_ms"], "timing": stats}
         if eager_times:
             result["t_eager_ms"] = summarize(eager_times)["median_ms"]
             result["timing"]["eager_iqr_ms"] = summarize(eager_times)["iqr_ms"]
+            result["timing"].update({f"eager_{k}": v for k, v in method_summary(timer, eager_parts).items() if k != "method"})
         return result
 
-    def empty_rep(self, runner: RunnerProcess, buffers, refs, i: int, n_sets: int, clock: "RepClock"):
-        """A rep without the call (same input load, flush and hand-over): the yardstick of timed reps."""
+    def empty_rep(self, runner: RunnerProcess, buffers, refs, i: int, n_sets: int, clock: "RepClock", parts: list):
+        """A rep without the call (same input load, flush, spin and hand-over): the yardstick of timed
+        reps; its parts (CUDA) go to `parts`."""
         slot, content = rep_layout(i, n_sets)
         with clock.measure() as measured:
             reply = runner.request(self.req.call_timeout_s, op="empty_rep", slot=slot, content=content, buffers=buffers,
@@ -624,19 +650,23 @@ class Evaluation:
             write_trace(reply.get("trace"), role="empty", **self.trace_about)
             if not runner.cuda:
                 runner.receive_outputs(self.req.call_timeout_s)
+        if runner.cuda:
+            parts.append(reply_parts(reply, reply_ms(reply)))
         return measured.value
 
     def timed_rep(self, runner: RunnerProcess, buffers, refs, i: int, n_sets: int, clock: "RepClock"):
-        """One timed call: (the time the candidate's process reported, (wall ms, CPU ms)); its output is checked."""
+        """One timed call: (the time the candidate's process reported, its parts, (wall ms, CPU ms)); its
+        output is checked."""
         slot, content = rep_layout(i, n_sets)
         self.poison(buffers)
         with clock.measure() as measured:
             reply = runner.request(self.req.call_timeout_s, op="rep", slot=slot, content=content, buffers=buffers)
             outs = buffers if runner.cuda else runner.receive_outputs(self.req.call_timeout_s)
         ms = reply_ms(reply)
+        rep_parts = reply_parts(reply, ms) if runner.cuda else {}
         write_trace(reply.get("trace"), role="candidate", **self.trace_about)
         self.check_timed_output(outs, refs[content], i)
-        return ms, measured.value
+        return ms, rep_parts, measured.value
 
     @functools.cached_property
     def trace_about(self) -> dict:  # once per judge: the reps call write_trace whether or not a trace is on
@@ -757,6 +787,61 @@ class RepClock:
                 column(reps, 2), column(empty, 2))
 
 
+PART_KEYS = ("window_ms", "spin_ms", "call_ms", "tail_ms", "host_ms")
+
+
+def reply_parts(reply: dict, ms: float) -> dict:
+    """A CUDA rep's parts from the candidate's process (Timer._time_queued), or {} (the window method):
+    numbers; the reported time is the call's part; the whole window, timed by its own pair of
+    events, is the sum of the spin, the call and the tail."""
+    parts = reply.get("parts")
+    if parts is None:
+        return {}
+    if not isinstance(parts, dict) or not all(isinstance(parts.get(k), (int, float)) and not isinstance(parts.get(k), bool)
+                                              and 0 <= parts[k] < 1e7 for k in PART_KEYS) \
+            or parts.get("exposed") not in (0, 1):
+        raise CandidateFailed("rejected", "malformed reply from the candidate's process during a rep",
+                              {"protocol_tamper": ["parts"]})
+    whole = parts["spin_ms"] + parts["call_ms"] + parts["tail_ms"]
+    if ms != parts["call_ms"] or abs(whole - parts["window_ms"]) > PARTS_SLACK_MS + PARTS_SLACK * parts["window_ms"]:
+        raise CandidateFailed("rejected", f"timer reported {ms:.4f} ms, parts {json.dumps(parts)[:200]} that do not add up",
+                              {"timer_tamper": ["rep parts do not add up"]})
+    return {k: float(parts[k]) for k in PART_KEYS} | {"exposed": parts["exposed"]}
+
+
+def windows(times: list[float], parts: list[dict]) -> list[float]:
+    """The whole windows of reps (their reported times where a rep has no parts: CPU, the window method)."""
+    return [p.get("window_ms", ms) for ms, p in zip(times, parts)]
+
+
+def tail_evidence(parts: list[dict], empty_parts: list[dict]) -> str | None:
+    """Work that outlasted the call's stream: a queued rep's tail (its end event to the device-wide
+    synchronisation's) is, for a call on its stream alone, the synchronisation's wake-up, as in an
+    empty rep. Kernels left running on another stream, or time moved out of the call, make it longer."""
+    tails = [p["tail_ms"] for p in parts if "tail_ms" in p]
+    empty = [p["tail_ms"] for p in empty_parts if "tail_ms" in p]
+    if len(tails) < 3 or len(empty) < 3:
+        return None
+    mine, usual = statistics.median(tails), statistics.median(empty)
+    if mine > usual + max(TAIL_MARGIN_MS, TAIL_FACTOR * usual):
+        return f"work outlasted the call's stream: {mine:.4f} ms from its end to the device's, {usual:.4f} ms in empty reps"
+    return None
+
+
+def method_summary(timer: Timer, parts: list[dict]) -> dict:
+    """How the reps were timed, and the medians of their parts, for people comparing methods (verdict.timing)."""
+    if not timer.cuda:
+        return {"method": "wall"}
+    out = {"method": "queued" if timer.queued else "window"}
+    for key in PART_KEYS:
+        values = [p[key] for p in parts if key in p]
+        if values:
+            out[f"{key[:-3]}_median_ms"] = statistics.median(values)
+    if parts and all("exposed" in p for p in parts):
+        out["exposed_fraction"] = sum(p["exposed"] for p in parts) / len(parts)
+    return out
+
+
 def reply_ms(reply: dict) -> float:
     """A time from the candidate's process, which must at least look like one."""
     ms = reply.get("ms")
@@ -774,25 +859,27 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
             if compiled is not None:
                 out["t_compile_ms"] = profiler_kernel_ms(lambda: compiled(*sets[0]))
         return out
-    eager, comp = [], []
+    eager, comp, eager_parts, comp_parts = [], [], [], []
     about = trace_about(req)
 
     def rep(i: int) -> float:
         with torch.no_grad():
             timer.flush()
             ms = timer.time_ms(lambda: model(*sets[i % len(sets)]))[0]
+            eager_parts.append(timer.last_parts)
             write_trace(timer.last_trace, role="reference_eager", **about)  # not the live eager beside the candidate
             eager.append(ms)
             if compiled is not None:
                 timer.flush()
                 comp.append(timer.time_ms(lambda: compiled(*sets[i % len(sets)]))[0])
+                comp_parts.append(timer.last_parts)
                 write_trace(timer.last_trace, role="compile", **about)
         return ms + (comp[-1] if comp else 0.0)
 
     adaptive_reps(rep, req.min_reps, req.max_reps, req.max_timing_s)
-    out = {"t_eager_ms": summarize(eager)["median_ms"], "eager": summarize(eager)}
+    out = {"t_eager_ms": summarize(eager)["median_ms"], "eager": {**summarize(eager), **method_summary(timer, eager_parts)}}
     if compiled is not None:
-        out.update(t_compile_ms=summarize(comp)["median_ms"], compile=summarize(comp))
+        out.update(t_compile_ms=summarize(comp)["median_ms"], compile={**summarize(comp), **method_summary(timer, comp_parts)})
     return out
 
 

@@ -153,7 +153,7 @@ class Runner:
         self.timer.flush()
         with torch.no_grad():
             ms, out = self.timer.time_ms(lambda: self.model(*inputs))
-        self._send_outputs(out, buffers, {}, ops=[], ms=ms, **self.traced())
+        self._send_outputs(out, buffers, {}, ops=[], ms=ms, **self.rep_parts())
 
     def op_empty_rep(self, buffers: list | None, like: list, slot: int = 0, content: int = 0) -> None:
         """A rep with no call but the same input load, flush and hand-over of outputs shaped `like`
@@ -169,15 +169,15 @@ class Runner:
         if self.empty_like != like:
             self.empty_like = like
             self.empty_outputs = [torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in like]
-        self._send_outputs(self.empty_outputs, buffers, {}, ops=[], ms=ms, **self.traced())
+        self._send_outputs(self.empty_outputs, buffers, {}, ops=[], ms=ms, **self.rep_parts())
 
-    def traced(self) -> dict:
-        """The rep's parts for the judge to write down (a benchmark's trace, timing.TRACE_ENV; this process
-        writes nowhere outside its workdir)."""
-        if not self.timer.trace:
-            return {}
+    def rep_parts(self) -> dict:
+        """What the judge needs of a rep besides its time: its parts (the whole window, the judge's
+        tamper evidence; the spin, the call and the tail; Timer._time_queued), and a benchmark's trace
+        (timing.TRACE_ENV) for the judge to write down (this process writes nowhere outside its workdir)."""
         self.snapshot.allow_threads(self.timer.profiler_threads)  # the trace's profiler sessions', not the candidate's
-        return {"trace": self.timer.last_trace}
+        parts = {"parts": self.timer.last_parts} if self.timer.last_parts else {}
+        return {**parts, "trace": self.timer.last_trace} if self.timer.trace else parts
 
     def load_slot(self, slot: int, content: int) -> list:
         import torch
@@ -296,7 +296,7 @@ def set_fp32_precision(precision: str = "strict") -> None:
 
 def warm_up(device: str, profiler: bool = False) -> None:
     """Create the handles and thread pools torch makes lazily, so the thread snapshot includes them;
-    with `profiler` (paper timing), also the profiler's (CUPTI starts threads on first use)."""
+    with `profiler` (paper timing, a benchmark's trace), also the profiler's (CUPTI starts threads on first use)."""
     import torch
     import torch.nn.functional as F
 

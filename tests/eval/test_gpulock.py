@@ -300,3 +300,15 @@ def test_a_large_judge_is_not_starved_by_a_stream_of_small_ones(tmp_path):
     assert stream_still_running, "the large judge was admitted only once the stream of small ones ended"
     assert admitted - began < 5.0  # fair_after_s 0.5, then the held shares end within their 1 s
     assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
+
+
+def test_a_rerun_after_running_out_of_memory_waits_for_the_whole_budget_free():
+    """A judge reserves its footprint and waits for that much free device memory; its rerun after an
+    OOM (its footprint was too small once) reserves the whole budget and waits until the device has it
+    free, not only the footprint (session 12: a 100 GB estimate for a judge that needs ~120 GB)."""
+    from cudagym.eval.judge import memory_share
+
+    gb = 2**30
+    assert memory_share(100 * gb, 118 * gb, exclusive=False) == (100 * gb, 100 * gb)
+    assert memory_share(100 * gb, 118 * gb, exclusive=True) == (118 * gb, 118 * gb)
+    assert memory_share(200 * gb, 118 * gb, exclusive=False) == (200 * gb, 118 * gb)  # alone, at most the budget

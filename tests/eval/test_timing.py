@@ -196,3 +196,78 @@ def test_profiled_records_span_the_work_and_not_the_host_before_it():
     assert span >= 50.0 and busy < span  # ms: the pause is inside the span, not in the busy time
     assert str(worker.native_id) not in profiler_threads
     worker.join()
+
+
+# -- strict on CUDA: launches queued behind a spin; the whole window is the evidence ---------------
+def queued_parts(call: float, spin: float = 0.30, tail: float = 0.025, exposed: int = 0) -> dict:
+    return {"window_ms": spin + call + tail, "spin_ms": spin, "call_ms": call, "tail_ms": tail, "host_ms": 0.06,
+            "exposed": exposed}
+
+
+def test_a_queued_reps_parts_add_up_and_its_time_is_the_calls_part():
+    """The candidate's process reports each CUDA rep's call time with the parts of its whole window: parts
+    that do not add up to the window (timed by its own pair of events), a time that is not the call's
+    part, or a malformed report is a timer that lies; an honest report comes back as numbers."""
+    from cudagym.eval.judge import CandidateFailed, reply_parts
+
+    honest = queued_parts(0.008)
+    assert reply_parts({"parts": honest}, 0.008) == honest
+    assert reply_parts({}, 0.110) == {}  # no parts: a CPU rep, or the window method
+    assert reply_parts({"parts": {**honest, "window_ms": honest["window_ms"] + 0.002}}, 0.008)  # event resolution
+    for bad, ms, flag in (({"parts": {**honest, "window_ms": "1"}}, 0.008, "protocol_tamper"),
+                          ({"parts": {**honest, "call_ms": True}}, 0.008, "protocol_tamper"),
+                          ({"parts": {**honest, "tail_ms": -1.0}}, 0.008, "protocol_tamper"),
+                          ({"parts": {**honest, "exposed": 2}}, 0.008, "protocol_tamper"),
+                          ({"parts": [0.1, 0.1, 0.1]}, 0.008, "protocol_tamper"),
+                          ({"parts": honest}, 0.002, "timer_tamper"),  # reports less than its call took
+                          ({"parts": {**honest, "call_ms": 0.002}}, 0.002, "timer_tamper")):  # time moved out of the call
+        with pytest.raises(CandidateFailed) as failed:
+            reply_parts(bad, ms)
+        assert failed.value.status == "rejected" and flag in failed.value.flags, bad
+
+
+def test_work_that_outlasts_the_calls_stream_is_evidence():
+    """A call's tail (its end event to the device-wide synchronisation's) is the synchronisation's wake-up,
+    as in an empty rep; kernels left on another stream lengthen it. A little more is noise."""
+    from cudagym.eval.judge import tail_evidence
+
+    empty = [queued_parts(0.0, tail=t) for t in (0.024, 0.026, 0.025, 0.03)]
+    honest = [queued_parts(0.008, tail=t) for t in (0.025, 0.027, 0.026, 0.024, 0.09)]
+    side_stream = [queued_parts(0.001, tail=t) for t in (0.4, 0.41, 0.39, 0.4)]
+    assert tail_evidence(honest, empty) is None
+    assert "outlasted" in tail_evidence(side_stream, empty)
+    assert tail_evidence(side_stream[:2], empty) is None  # too few reps to say
+
+
+def test_the_evidence_is_the_whole_window_and_the_summary_names_the_method():
+    """Tamper evidence reads each rep's whole window (the spin hides the host's path from the call's time,
+    not from the window, which the judge's clocks bound); the timing summary says how the reps were
+    timed and gives the medians of their parts."""
+    import types
+
+    from cudagym.eval.judge import method_summary, windows
+
+    parts = [queued_parts(c, exposed=e) for c, e in ((0.006, 0), (0.008, 1), (0.007, 0))]
+    assert windows([0.006, 0.008, 0.007], parts) == [p["window_ms"] for p in parts]
+    assert windows([1.5, 2.0], [{}, {}]) == [1.5, 2.0]
+    summary = method_summary(types.SimpleNamespace(cuda=True, queued=True), parts)
+    assert summary["method"] == "queued" and summary["call_median_ms"] == 0.007
+    assert summary["window_median_ms"] == pytest.approx(0.332) and summary["exposed_fraction"] == pytest.approx(1 / 3)
+    assert method_summary(types.SimpleNamespace(cuda=True, queued=False), [])["method"] == "window"
+    assert method_summary(Timer("cpu"), []) == {"method": "wall"}
+
+
+def test_strict_baselines_on_a_gpu_are_keyed_by_their_method():
+    """A store timed by the earlier event window is never read as a queued baseline; CPU and paper keys
+    are unchanged."""
+    from cudagym.eval.batch import baseline_key
+    from cudagym.tasks import Task
+
+    task = Task(id="t", name="t", code="class Model: pass")
+    gpu = {"gpu": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0"}
+    cpu = {"gpu": "cpu", "torch": "2.13.0", "cuda": ""}
+    assert baseline_key(task, gpu, "strict").timing_mode == "strict-queued"
+    assert baseline_key(task, gpu, "paper").timing_mode == "paper"
+    assert baseline_key(task, cpu, "strict").timing_mode == "strict"
+    assert baseline_key(task, gpu, "strict") != baseline_key(task, gpu, "paper")
+
