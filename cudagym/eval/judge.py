@@ -609,9 +609,7 @@ class Evaluation:
             return ms
 
         times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
-        # The evidence is each rep's whole window (synchronised at both ends, so it holds the host's path
-        # through the call, which the judge's clocks bound), and the tail of the call's stream.
-        evidence = clock.evidence(windows(times, parts), reps, empty) or tail_evidence(parts, empty_parts)
+        evidence = clock.evidence(times, parts, reps, empty, empty_parts)
         if timer.trace:  # a benchmark's trace: each rep ran its call three times, the wall and CPU bounds mean nothing
             evidence = None
         self.info["time_floors_ms"] = dict(clock.floors, cpus=clock.n_cpus)  # the judge's own bounds on a rep
@@ -625,8 +623,7 @@ class Evaluation:
                 again.append(ms)
                 again_parts.append(rep_parts)
                 again_reps.append(measured)
-            confirmed = (clock.evidence(windows(again, again_parts), again_reps, again_empty)
-                         or tail_evidence(again_parts, again_empty_parts))
+            confirmed = clock.evidence(again, again_parts, again_reps, again_empty, again_empty_parts)
             self.info["timer_check"] = {"first": evidence, "again": confirmed}
             if confirmed:
                 self.add_flags({"timer_tamper": [confirmed]})
@@ -767,13 +764,17 @@ class RepClock:
         except (OSError, ValueError, IndexError):  # the process ended: the rep fails on its own
             return None
 
-    def evidence(self, reported: list[float], reps: list, empty: list) -> str | None:
+    def evidence(self, reported: list[float], parts: list[dict], reps: list, empty: list, empty_parts: list[dict]) -> str | None:
+        """Why the reps' times cannot be true, or None. Against the judge's clocks stands each rep's whole
+        window (synchronised at both ends, so it holds the host's path through the call, which those
+        clocks bound; the reported time where a rep has no parts); then the tail of the call's stream."""
         args = self.series(reps, empty)
         floors = time_floors(*args[:4], self.n_cpus, *args[4:])
         self.floors = {name: round(ms, 4) for name, ms in zip(("wall", "cpu", "thread"), floors)}
         if args[4] and args[5]:
             self.floors["thread_noise"] = round(median_noise_ms(args[4], args[5]), 4)
-        return tamper_evidence(reported, *args[:4], self.n_cpus, *args[4:])
+        return (tamper_evidence(windows(reported, parts), *args[:4], self.n_cpus, *args[4:])
+                or tail_evidence(parts, empty_parts))
 
     @staticmethod
     def series(reps: list, empty: list) -> tuple:
@@ -877,9 +878,11 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
         return ms + (comp[-1] if comp else 0.0)
 
     adaptive_reps(rep, req.min_reps, req.max_reps, req.max_timing_s)
-    out = {"t_eager_ms": summarize(eager)["median_ms"], "eager": {**summarize(eager), **method_summary(timer, eager_parts)}}
+    eager_stats = {**summarize(eager), **method_summary(timer, eager_parts)}
+    out = {"t_eager_ms": eager_stats["median_ms"], "eager": eager_stats}
     if compiled is not None:
-        out.update(t_compile_ms=summarize(comp)["median_ms"], compile={**summarize(comp), **method_summary(timer, comp_parts)})
+        comp_stats = {**summarize(comp), **method_summary(timer, comp_parts)}
+        out.update(t_compile_ms=comp_stats["median_ms"], compile=comp_stats)
     return out
 
 

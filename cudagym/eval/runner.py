@@ -175,9 +175,11 @@ class Runner:
         """What the judge needs of a rep besides its time: its parts (the whole window, the judge's
         tamper evidence; the spin, the call and the tail; Timer._time_queued), and a benchmark's trace
         (timing.TRACE_ENV) for the judge to write down (this process writes nowhere outside its workdir)."""
-        self.snapshot.allow_threads(self.timer.profiler_threads)  # the trace's profiler sessions', not the candidate's
         parts = {"parts": self.timer.last_parts} if self.timer.last_parts else {}
-        return {**parts, "trace": self.timer.last_trace} if self.timer.trace else parts
+        if not self.timer.trace:
+            return parts
+        self.snapshot.allow_threads(self.timer.profiler_threads)  # the trace's profiler sessions', not the candidate's
+        return {**parts, "trace": self.timer.last_trace}
 
     def load_slot(self, slot: int, content: int) -> list:
         import torch
