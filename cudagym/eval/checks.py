@@ -90,14 +90,36 @@ def probe(name: str):
     return register
 
 
+# The probes' float64 statistics go through these, a piece at a time: a float64 copy of a multi-GB
+# output is twice its size, and on a GPU shared by many judges that is an out-of-memory error (v0.1
+# L1/36 RMSNorm, 7.5 GB in and out, asked for 14 GiB more here). Probe answers that are one number
+# per output (or per row) are broadcast views, not tensors of the output's size.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def float64_pieces(*tensors: torch.Tensor):
+    """Matching flat pieces of same-sized tensors, each as float64."""
+    flat = [t.reshape(-1) for t in tensors]
+    for start in range(0, flat[0].numel(), CHUNK_ELEMENTS):
+        yield [f[start:start + CHUNK_ELEMENTS].double() for f in flat]
+
+
+def mean64(t: torch.Tensor) -> float:
+    return sum(float(x.sum()) for (x,) in float64_pieces(t)) / max(1, t.numel())
+
+
+def broadcast(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return value.to(device=like.device, dtype=like.dtype).expand_as(like)
+
+
 @probe("zeros")
 def _zeros(ref, inputs, other_ref):
-    return [torch.zeros_like(r) for r in ref]
+    return [broadcast(r.new_zeros(()), r) for r in ref]
 
 
 @probe("constant")
 def _constant(ref, inputs, other_ref):
-    return [torch.full_like(r, r.double().mean().item()) if r.is_floating_point() else r.clone() for r in ref]
+    return [broadcast(torch.tensor(mean64(r), dtype=torch.float64), r) if r.is_floating_point() else r.clone() for r in ref]
 
 
 @probe("passthrough")
@@ -115,8 +137,15 @@ def _passthrough(ref, inputs, other_ref):
 @probe("mean")
 def _mean(ref, inputs, other_ref):
     """Each output replaced by its mean over the last dim (what a reduction-free 'normalised' cheat gives)."""
-    return [r.double().mean(dim=-1, keepdim=True).expand_as(r).to(r.dtype) if r.is_floating_point() and r.dim() else r
-            for r in ref]
+    return [broadcast(row_means64(r), r) if r.is_floating_point() and r.dim() and r.numel() else r for r in ref]
+
+
+def row_means64(r: torch.Tensor) -> torch.Tensor:
+    """r's float64 means over its last dim (keepdim), computed a block of rows at a time."""
+    rows = r.reshape(-1, r.shape[-1])
+    step = max(1, CHUNK_ELEMENTS // rows.shape[1])
+    means = torch.cat([rows[s:s + step].double().mean(dim=-1) for s in range(0, rows.shape[0], step)])
+    return means.reshape(*r.shape[:-1], 1)
 
 
 def affine_fit(ref: list[torch.Tensor], inputs: list) -> list[tuple[int, float, float]] | None:
@@ -129,15 +158,20 @@ def affine_fit(ref: list[torch.Tensor], inputs: list) -> list[tuple[int, float, 
         if match is None or not r.is_floating_point():
             return None
         i, x = match
-        xd, rd = x.double().flatten(), r.double().flatten()
-        var = float(((xd - xd.mean()) ** 2).mean())
-        a = float(((xd - xd.mean()) * (rd - rd.mean())).mean()) / var if var > 0 else 0.0
-        fits.append((i, a, float(rd.mean()) - a * float(xd.mean())))
+        mx, mr = mean64(x), mean64(r)
+        var = cov = 0.0  # centred sums in float64, a piece at a time (see float64_pieces)
+        for xd, rd in float64_pieces(x, r):
+            xd -= mx
+            var += float((xd * xd).sum())
+            cov += float((xd * rd.sub_(mr)).sum())
+        a = cov / var if var > 0 else 0.0
+        fits.append((i, a, mr - a * mx))
     return fits
 
 
 def apply_affine(fits: list[tuple[int, float, float]], inputs: list, like: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [(inputs[i].double() * a + b).to(r.dtype) for (i, a, b), r in zip(fits, like)]
+    # In the input's own dtype (the output's, by affine_fit's match): one tensor of the output's size
+    return [inputs[i].mul(a).add_(b).to(r.dtype) for (i, a, b), r in zip(fits, like)]
 
 
 @probe("affine")
