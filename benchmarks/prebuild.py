@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # cudagym of this checkout (stress.build_extensions)
 from stress import Clock, build_extensions, child_env  # noqa: E402
 
 

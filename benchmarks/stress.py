@@ -28,6 +28,7 @@ says more.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
@@ -363,12 +364,14 @@ def build_extensions(files: dict[str, Path], parallel: int, python: str, env: di
     """Build each file's extension (files: label -> candidate) where its judge's runner will load it
     from (TORCH_EXTENSIONS_DIR/candidate-<sha256 of the code>: a candidate without kernels/ files
     beside it), `parallel` at once; label -> {ok, rc, s} (rc None: not started before the deadline). Runs the files outside the sandbox (trusted
-    files). Run it before any judge: a torch build lock left in those folders is then one of a killed
-    build (it would make every later build wait forever), and is removed."""
+    files). Each build holds its folder as a judge's load does (gpulock.build_folder_lock, which clears
+    the torch build lock a killed build left); a folder a judge is building in now is tried again later."""
+    from cudagym.eval.gpulock import build_folder_lock
+
     todo = [(label, path) for label, path in files.items() if "load_inline" in path.read_text()]
     clock.log(f"prebuild: {len(todo)} extensions, {parallel} at a time")
     results, pending = {}, list(todo)
-    running: dict[subprocess.Popen, tuple[str, float]] = {}
+    running: dict[subprocess.Popen, tuple[str, float, contextlib.ExitStack]] = {}
     snippet = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='candidate_prebuild')"
     while pending or running:
         if pending and clock.left() <= MIN_CALL_S:
@@ -380,19 +383,24 @@ def build_extensions(files: dict[str, Path], parallel: int, python: str, env: di
             code = path.read_text()
             ext_dir = extensions_root() / ("candidate-" + hashlib.sha256(code.encode()).hexdigest()[:16])
             ext_dir.mkdir(parents=True, exist_ok=True)
-            for stale in ext_dir.glob("*/lock"):
-                stale.unlink()
+            held = contextlib.ExitStack()
+            try:
+                held.enter_context(build_folder_lock(str(ext_dir), timeout_s=0))
+            except TimeoutError:
+                pending.append((label, path))
+                break
             log = open(logs / f"build-{label.replace('/', '-')}.log", "wb")
             proc = subprocess.Popen([python, "-c", snippet, str(path)], stdout=log, stderr=subprocess.STDOUT,
                                     cwd=REPO, env=dict(env, TORCH_EXTENSIONS_DIR=str(ext_dir)), start_new_session=True)
             log.close()
-            running[proc] = (label, time.monotonic())
+            running[proc] = (label, time.monotonic(), held)
         time.sleep(0.5)
-        for proc, (label, t0) in list(running.items()):
+        for proc, (label, t0, held) in list(running.items()):
             if proc.poll() is None and clock.left() > 0:
                 continue
             if proc.poll() is None:
                 kill_tree(proc)
+            held.close()
             del running[proc]
             ok = proc.returncode == 0
             results[label] = {"ok": ok, "rc": proc.returncode, "s": round(time.monotonic() - t0, 1)}

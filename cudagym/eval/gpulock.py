@@ -15,12 +15,16 @@ mostly on the CPU that launches them, and on the H200 box other judges importing
 compiling moved such timings by up to 2x. So each GPU gets a few cores of its own
 (`timing_cpu_split`): judges work on the rest, and the holder of the exclusive lock moves itself
 and its candidate's process onto its GPU's timing cores while it times (`on_cpus`).
+
+A candidate's build folder has a lock too (`build_folder_lock`): one build there at a time, and a
+build that was killed leaves nothing that blocks the next.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import time
@@ -95,6 +99,37 @@ def _share(path: str) -> None:
         os.chmod(path, 0o666)  # the umask would keep other users' judges out
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def build_folder_lock(folder: str, timeout_s: float, poll_s: float = 0.2):
+    """Hold a candidate's build folder (its TORCH_EXTENSIONS_DIR) alone among every process that
+    builds there: an exclusive flock on `<folder>.building` beside it, waited for at most timeout_s
+    (then TimeoutError). The sidecar is in the shared parent, which the candidate's process cannot write.
+
+    torch guards a build with its FileBaton, a `<name>/lock` file made with O_EXCL and removed when the
+    build ends: a build killed midway (a timeout, a SIGKILLed judge or rollout) leaves it behind, and
+    every later import of that candidate waits on it until its own timeout. The flock is dropped by the
+    kernel when its holder dies, and every builder of the folder holds it while it builds: so once it is
+    held, no one else is building there and any baton left is a dead build's, removed here."""
+    fd = _open(os.path.normpath(folder) + ".building")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"another build of {os.path.basename(os.path.normpath(folder))} "
+                                       f"held its folder for {timeout_s:.0f} s") from None
+                time.sleep(poll_s)
+        for baton in glob.glob(os.path.join(glob.escape(folder), "*", "lock")):
+            with contextlib.suppress(OSError):  # one we cannot remove leaves its import waiting, as before
+                os.unlink(baton)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
 
 
 WAITING = "w"  # ledger keys "w<pid>": when that judge began to wait (ms, wall clock); a waiting judge holds no bytes

@@ -43,7 +43,7 @@ import torch
 
 from cudagym.eval import checks
 from cudagym.eval.evaluate import PHASE_FILE
-from cudagym.eval.gpulock import device_lock_path, gpu_lock, memory_reservation, on_cpus
+from cudagym.eval.gpulock import build_folder_lock, device_lock_path, gpu_lock, memory_reservation, on_cpus
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.timing import (PAPER_REPS, Timer, adaptive_reps, median_noise_ms, process_cpu_clock,
@@ -328,8 +328,8 @@ class RunnerProcess:
         os.makedirs(workdir, exist_ok=True)
         # The candidate writes only its own build directory (keyed by its code, so a re-run reuses the
         # build), never the shared caches: a planted library there would be loaded by later candidates.
-        ext_dir = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR", os.path.join(req.workdir, "ext")),
-                               "candidate-" + candidate_key(req.candidate_code, req.candidate_files))
+        self.ext_dir = ext_dir = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR", os.path.join(req.workdir, "ext")),
+                                              "candidate-" + candidate_key(req.candidate_code, req.candidate_files))
         os.makedirs(ext_dir, exist_ok=True)
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TMPDIR=workdir, TORCH_EXTENSIONS_DIR=ext_dir,
                    CUDAGYM_JUDGE_PID=str(os.getpid()),  # the runner dies with this judge (sandbox.die_with_parent)
@@ -341,6 +341,20 @@ class RunnerProcess:
         child.close()
         self.conn = Connection(parent.detach())
         self.watchdog = MemoryWatchdog(self.proc.pid, req.runner_memory_bytes).__enter__()
+
+    def load(self, timeout_s: float, **msg) -> dict:
+        """The candidate's import, which builds its extension: within timeout_s in all, waiting included,
+        while this judge holds the build folder (gpulock.build_folder_lock). The lock is taken here, in the
+        trusted judge, not by the candidate's process, and the judge holding it is what makes a baton
+        left in the folder a killed build's: other judges of the same code wait, then reuse the build."""
+        deadline = time.monotonic() + timeout_s
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(build_folder_lock(self.ext_dir, timeout_s))
+            except TimeoutError:
+                raise CandidateFailed("timeout", f"candidate did not load within {timeout_s:.0f} s: it was waiting "
+                                      "for another build of the same candidate") from None
+            return self.request(max(0.0, deadline - time.monotonic()), op="load", **msg)
 
     def request(self, timeout_s: float, **msg) -> dict:
         self.conn.send_bytes(self._dumps(msg))
@@ -964,10 +978,10 @@ def evaluate(req: Request) -> dict:
         mark_phase(req, "waiting for GPU memory")
         stack.enter_context(ev.reservation())
         phase_s["wait_memory"], t0 = time.perf_counter() - t0, time.perf_counter()
-        mark_phase(req, "loading the candidate (its build)")
-        reply = runner.request(req.init_timeout_s, op="load", code=req.candidate_code, files=req.candidate_files, device=req.device,
-                               policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)),
-                               timing_mode=req.timing_mode, precision=req.precision)
+        mark_phase(req, "loading the candidate (its build, or waiting for another build of the same candidate)")
+        reply = runner.load(req.init_timeout_s, code=req.candidate_code, files=req.candidate_files, device=req.device,
+                            policy=req.policy, task_dtypes=sorted(task_dtypes(ev.ref, ev.init_args)),
+                            timing_mode=req.timing_mode, precision=req.precision)
         result["env"]["sandbox"] = reply.get("sandbox")
         ev.add_flags(reply.get("flags"))
         phase_s["load"], t0 = time.perf_counter() - t0, time.perf_counter()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cudagym.eval.gpulock import gpu_lock
+from cudagym.eval.gpulock import build_folder_lock, gpu_lock
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -125,6 +125,34 @@ with memory_reservation(path, n, budget_bytes=100, poll_s=0.05, fair_after_s=fai
     open(marker, "w").write(f"{time.time()} {t0}")
     time.sleep(hold)
 """
+
+
+def test_a_build_folder_has_one_builder_and_its_holder_clears_dead_builds_batons(tmp_path):
+    """torch's batons (`<ext>/lock`, exactly one level down) go when the folder is taken, nothing else;
+    a second builder waits and gives up at its timeout; a killed holder's flock is gone with it."""
+    folder = tmp_path / "candidate-0123"
+    (folder / "ext" / "deeper").mkdir(parents=True)
+    for name in ("ext/lock", "ext/deeper/lock", "ext/lock.o", "lock"):
+        (folder / name).write_text("")
+    code = "import sys, time\nfrom cudagym.eval.gpulock import build_folder_lock\n" \
+           "with build_folder_lock(sys.argv[1], 10):\n    print('held', flush=True)\n    time.sleep(60)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], env=dict(os.environ, PYTHONPATH=REPO),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == \
+            ["ext/deeper/lock", "ext/lock.o", "lock"]
+        assert (tmp_path / "candidate-0123.building").exists()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="another build of candidate-0123"):
+            with build_folder_lock(str(folder), timeout_s=0.5):
+                pass
+        assert time.monotonic() - t0 >= 0.5
+    finally:
+        holder.kill()
+        holder.wait()
+    with build_folder_lock(str(folder), timeout_s=5):
+        pass
 
 
 def test_memory_reservations_that_do_not_fit_together_run_one_after_the_other(tmp_path):
