@@ -86,8 +86,9 @@ def test_a_stopped_baseline_run_keeps_every_baseline_timed_and_a_rerun_times_onl
     progress = _progress(seen)
     assert progress[0][1] == n and progress[0][6] == f"{n} to time, 0 cached"
     first_stored = next(p for p in progress if p[3] >= 1)
-    # Timing began before every problem was compiled: a baseline was stored while problems were still to compile.
-    assert first_stored[0] < n, seen
+    # Not asserted: that the first baseline was stored while problems were still compiling. It is the
+    # pipeline's design, but on a loaded 2-core machine all five small compiles can end before the first
+    # timing does (CI saw `compiled 5/5 · stored 1/5`); the overlap is measured in benchmarks/baseline_gpu.sh.
     assert re.fullmatch(r"\d+:\d\d:\d\d", first_stored[5]), first_stored  # an ETA once one is timed
     stored_before_stop = max(p[3] for p in progress)
     assert run.returncode != 0 and stored_before_stop < n, seen  # stopped partway
