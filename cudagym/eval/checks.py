@@ -161,9 +161,11 @@ def affine_fit(ref: list[torch.Tensor], inputs: list) -> list[tuple[int, float, 
         mx, mr = mean64(x), mean64(r)
         var = cov = 0.0  # centred sums in float64, a piece at a time (see float64_pieces)
         for xd, rd in float64_pieces(x, r):
-            xd -= mx
-            var += float((xd * xd).sum())
-            cov += float((xd * rd.sub_(mr)).sum())
+            # out of place: a float64 tensor's piece is a view of it (.double() copies nothing), and
+            # these are the task's inputs and the reference's outputs
+            xc = xd - mx
+            var += float((xc * xc).sum())
+            cov += float((xc * (rd - mr)).sum())
         a = cov / var if var > 0 else 0.0
         fits.append((i, a, mr - a * mx))
     return fits

@@ -260,3 +260,14 @@ def test_probes_hold_a_few_output_sizes_not_float64_copies():
     accepted, extra = out.stdout.rsplit(" ", 1)
     assert "affine" in accepted
     assert float(extra) < 4.5, f"the probes held {float(extra):.1f} output sizes beyond the inputs"
+
+
+def test_probes_leave_float64_inputs_and_references_as_they_were():
+    """A float64 tensor's float64 pieces are views of it: the probes must not work in place on them
+    (the affine fit once centred the task's input and the reference's output where they lay)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 50, dtype=torch.float64)
+    ref = [2 * x + 1]
+    x0, r0 = x.clone(), ref[0].clone()
+    assert "affine" in accepted_probes(ref, [x], None, TOL)
+    assert torch.equal(x, x0) and torch.equal(ref[0], r0)
