@@ -169,6 +169,8 @@ class Call:
     speedup_vs_compile: float | None = None
     killed: bool = False
     stderr_tail: str | None = None
+    phase_s: dict | None = None  # the judge's phases (wait_memory, load, check, time), from its verdict
+    rounds: list | None = None  # timing rounds of a speedup at a milestone's edge (judge.median_round)
 
 
 def descendants(pid: int) -> list[int]:
@@ -293,6 +295,9 @@ def fill_from_verdict(call: Call, row: dict) -> None:
     call.oom = any(sign in (call.reason or "").lower() for sign in OOM_SIGNS)
     for key in ("t_candidate_ms", "t_eager_ms", "t_compile_ms", "speedup_vs_eager", "speedup_vs_compile"):
         setattr(call, key, row.get(key))
+    timing = row.get("timing") or {}
+    call.phase_s = (timing.get("info") or {}).get("phase_s")
+    call.rounds = timing.get("rounds")
 
 
 def finish(run: Running, killed: bool, by_key: dict[tuple[int, int], "Candidate"], calls: list[Call],

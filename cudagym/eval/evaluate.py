@@ -24,7 +24,7 @@ from typing import Callable
 
 from cudagym.eval.gpulock import lock_dir, prepare_lock_dir
 from cudagym.eval.timing import TRACE_ENV
-from cudagym.eval.verdict import Status, Verdict
+from cudagym.eval.verdict import EDGE_BAND, Status, Verdict
 from cudagym.tasks import Task
 from cudagym.tasks.sandbox import describe_exit, kill_tree
 
@@ -97,6 +97,7 @@ class EvalConfig:
     timing_cpus: tuple[int, ...] | None = None  # cores the exclusive lock's holder times on (gpulock); None: unset
     work_cpus: tuple[int, ...] | None = None  # cores judges work on otherwise; () for either: no pinning
     slow_call_s: float | None = None  # the dataset filter: a first and a warm eager call slower than this drop the task
+    edge_band: float = EDGE_BAND  # a speedup this close to a milestone is timed in verdict.EDGE_ROUNDS rounds; 0: once
 
     def __post_init__(self):
         if self.device == "cuda":  # torch.cuda.set_device needs an index
@@ -365,7 +366,8 @@ def evaluate_candidate(ref_code: str, candidate_code: str, config: EvalConfig = 
                "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
                "seed": config.seed, "min_reps": config.min_reps, "max_reps": config.max_reps,
                "max_timing_s": config.max_timing_s, "compile_baseline": config.time_candidate and config.compile_baseline
-               and t_compile_ms is None}
+               and t_compile_ms is None, "known_compile_ms": t_compile_ms,
+               "edge_band": config.edge_band}
     result = run_judge(request, config)
     return verdict_from_result(result, verdict, t_compile_ms)
 

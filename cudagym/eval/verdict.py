@@ -68,14 +68,30 @@ class Verdict:
         return cls(**kwargs)
 
 
+MILESTONE_GAIN = 0.05  # a milestone is a call this much shorter than the baseline's
+# A speedup within EDGE_BAND (relative) of a milestone is timed in EDGE_ROUNDS rounds in all, each on fresh
+# inputs, and each time is the median of its rounds': a fast call's median moves by a few percent from one
+# judge to the next (where its inputs lie, the clocks: 1.8% at the median, 12% at most on the H200), and a
+# reward must not flip on that alone. EvalConfig.edge_band = 0 times once.
+EDGE_BAND, EDGE_ROUNDS = 0.08, 3
+
+
 def milestone_reward(correct: bool, t_ms: float | None, t_eager_ms: float | None, t_compile_ms: float | None) -> int:
     """-1 if not correct; 3 if >5% faster than eager and compile; 2 if only eager; else 1 (CUDA Agent)."""
     if not correct:
         return -1
     if not t_ms or not t_eager_ms:
         return 1
-    beats_eager = (t_eager_ms - t_ms) / t_eager_ms > 0.05
-    beats_compile = bool(t_compile_ms) and (t_compile_ms - t_ms) / t_compile_ms > 0.05
+    beats_eager = (t_eager_ms - t_ms) / t_eager_ms > MILESTONE_GAIN
+    beats_compile = bool(t_compile_ms) and (t_compile_ms - t_ms) / t_compile_ms > MILESTONE_GAIN
     if beats_eager and beats_compile:
         return 3
     return 2 if beats_eager else 1
+
+
+def near_milestone(t_ms: float | None, baseline_ms: float | None, band: float) -> bool:
+    """Whether a call of t_ms lies within `band` (relative speedup) of a milestone over a baseline of
+    baseline_ms: the speedup 1/(1 - MILESTONE_GAIN) = x1.053 decides between two rewards there."""
+    if not t_ms or not baseline_ms:
+        return False
+    return abs((baseline_ms / t_ms) * (1 - MILESTONE_GAIN) - 1) < band

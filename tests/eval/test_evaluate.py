@@ -293,3 +293,19 @@ def test_a_candidate_cannot_read_a_key_of_the_callers_environment(monkeypatch):
     verdict = evaluate_candidate(REF, leaky, EvalConfig(**dict(CPU, static_checks=False, policy="permissive")))
     assert verdict.status is Status.RUNTIME_ERROR and "key=absent" in verdict.reason, verdict.reason
     assert "sk-secret-value" not in verdict.to_json()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("band, rounds", [(1e9, 3), (0.0, 0)])  # every speedup at the edge; none
+def test_a_speedup_at_a_milestones_edge_is_timed_in_three_rounds_on_fresh_inputs(band, rounds):
+    verdict = evaluate_candidate(REF, HONEST, EvalConfig(**CPU, edge_band=band))
+    assert verdict.status is Status.PASS, verdict.reason
+    kept = verdict.timing.get("rounds", [])
+    assert len(kept) == rounds
+    if rounds:
+        import statistics
+
+        assert verdict.t_candidate_ms == statistics.median(r["t_candidate_ms"] for r in kept)
+        assert verdict.t_eager_ms == statistics.median(r["t_eager_ms"] for r in kept)
+        assert len({r["t_candidate_ms"] for r in kept}) > 1  # three measurements, not one copied
+        assert verdict.timing["timed_outputs_checked"] >= 5  # every round's timed outputs were checked

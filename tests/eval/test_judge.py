@@ -68,3 +68,50 @@ def test_task_metadata_comes_from_meta_tensors():
 def test_a_reference_without_get_inputs_is_refused():
     with pytest.raises(ValueError, match="get_inputs"):
         load_reference(REF.replace("def get_inputs", "def other_inputs"))
+
+
+# -- the milestone's edge: speedups there are timed in several rounds ------------------------------
+def test_near_milestone_marks_speedups_around_the_five_percent_milestone():
+    from cudagym.eval.verdict import near_milestone
+
+    edge = 1 / 0.95  # the reward's 5%: the call is 5% shorter than the baseline's
+    assert near_milestone(1.0, edge, 0.01)
+    assert near_milestone(1.0, 1.0, 0.08) and near_milestone(1.0, 1.12, 0.08)  # x1.00 and x1.12 are within 8%
+    assert not near_milestone(1.0, 0.96, 0.08) and not near_milestone(1.0, 1.15, 0.08)
+    assert not near_milestone(1.0, 2.0, 0.08) and not near_milestone(1.0, 0.5, 0.08)
+    assert not near_milestone(1.0, None, 0.08) and not near_milestone(None, 1.0, 0.08)
+    assert not near_milestone(1.0, edge, 0.0)  # band 0: never
+
+
+def test_at_milestone_edge_looks_at_eager_live_compile_and_a_stored_compile():
+    from cudagym.eval.judge import at_milestone_edge
+
+    far = {"t_candidate_ms": 1.0, "t_eager_ms": 2.0}
+    assert not at_milestone_edge(far, 0.08)
+    assert at_milestone_edge({"t_candidate_ms": 1.0, "t_eager_ms": 1.04}, 0.08)
+    assert at_milestone_edge(dict(far, t_compile_ms=1.06), 0.08)  # eager far, compile at the edge
+    assert at_milestone_edge(far, 0.08, known_compile_ms=1.06)  # the stored baseline's compile time
+    assert not at_milestone_edge(dict(far, t_compile_ms=3.0), 0.08, known_compile_ms=1.06)  # a live one wins
+    assert not at_milestone_edge({"t_candidate_ms": 1.0, "t_eager_ms": 1.04}, 0.0)
+
+
+def test_median_round_takes_each_time_from_the_median_round_and_keeps_them_all():
+    from cudagym.eval.judge import median_round
+    from cudagym.eval.verdict import milestone_reward
+
+    rounds = [{"t_candidate_ms": 1.00, "t_eager_ms": 1.07, "t_compile_ms": 1.2, "timing": {"reps": 100}},
+              {"t_candidate_ms": 1.03, "t_eager_ms": 1.01, "t_compile_ms": 1.1, "timing": {"reps": 110}},
+              {"t_candidate_ms": 0.98, "t_eager_ms": 1.02, "t_compile_ms": 1.3, "timing": {"reps": 120}}]
+    out = median_round(rounds)
+    assert (out["t_candidate_ms"], out["t_eager_ms"], out["t_compile_ms"]) == (1.00, 1.02, 1.2)
+    assert out["timing"]["reps"] == 100  # the statistics of the round whose candidate time is the median
+    assert [r["t_candidate_ms"] for r in out["timing"]["rounds"]] == [1.00, 1.03, 0.98]
+    assert "rounds" not in rounds[0]["timing"]  # the rounds themselves are left as they were
+    # The first round alone would give reward 3 (x1.07 vs eager); the medians give 1, as two rounds of three do.
+    assert milestone_reward(True, 1.00, 1.07, 1.2) == 3 and milestone_reward(True, 1.00, 1.02, 1.2) == 1
+    assert median_round(rounds[:1]) is rounds[0]
+    no_compile = median_round([dict(r, t_compile_ms=None) for r in rounds])
+    assert no_compile["t_compile_ms"] is None
+    # Further rounds do not time compile again: the first round's compile time and statistics stand.
+    first_only = median_round([dict(rounds[0], compile={"reps": 7})] + [dict(r, t_compile_ms=None) for r in rounds[1:]])
+    assert first_only["t_compile_ms"] == 1.2 and first_only["compile"] == {"reps": 7}
