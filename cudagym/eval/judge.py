@@ -62,7 +62,6 @@ PARTS_SLACK, PARTS_SLACK_MS = 0.001, 0.003
 TAIL_MARGIN_MS, TAIL_FACTOR = 0.05, 1.0
 CONFIRM_REPS = 20  # empty and timed reps in turn that must show a tampered timer again before it is flagged
 EDGE_KEEP_BYTES = 64 * 2**20  # timing sets up to this size stay allocated while a round's fresh ones are made
-EDGE_ROUND_REPS = 30  # reps of each further round: the first has the length, the further ones new placements
 FP64_CHECKS = 2  # checks that also compare against the float64 reference (it is slow for convolutions)
 
 
@@ -593,9 +592,8 @@ class Evaluation:
         sets = [first] + [make_inputs(self.ref, self.new_seed(), self.req.device) for _ in range(n_sets - 1)]
         return sets, [run_reference(self.model, s) for s in sets]
 
-    def time_candidate(self, runner: RunnerProcess, sets, refs, reps: int | None = None) -> dict:
-        """Candidate (runner) and eager reference (here), rep by rep, same input rotation; `reps` of them
-        if given, else as many as adaptive_reps takes."""
+    def time_candidate(self, runner: RunnerProcess, sets, refs) -> dict:
+        """Candidate (runner) and eager reference (here), rep by rep, same input rotation."""
         timer = Timer(self.req.device)
         runner.request(self.req.call_timeout_s, op="set_timing_inputs", sets=sets)
         buffers = self.output_buffers(refs[0], runner)
@@ -628,8 +626,7 @@ class Evaluation:
                     write_trace(timer.last_trace, role="eager", **self.trace_about)
             return ms
 
-        times = (adaptive_reps(rep, reps, reps, self.req.max_timing_s, fast_floor=False) if reps else
-                 adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s))
+        times = adaptive_reps(rep, self.req.min_reps, self.req.max_reps, self.req.max_timing_s)
         evidence = clock.evidence(times, parts, reps, empty, empty_parts)
         if timer.trace:  # a benchmark's trace: each rep ran its call three times, the wall and CPU bounds mean nothing
             evidence = None
@@ -658,10 +655,9 @@ class Evaluation:
             result["timing"].update({f"eager_{k}": v for k, v in method_summary(timer, eager_parts).items() if k != "method"})
         return result
 
-    def timing_round(self, runner: RunnerProcess, sets, refs, compiled, reps: int | None = None) -> dict:
-        """The candidate and eager interleaved, the runner's integrity, then compile (if live) on the same
-        inputs. reps: exactly this many (a further round), else adaptive."""
-        out = self.time_candidate(runner, sets, refs, reps)
+    def timing_round(self, runner: RunnerProcess, sets, refs, compiled) -> dict:
+        """The candidate and eager interleaved, the runner's integrity, then compile (if live) on the same inputs."""
+        out = self.time_candidate(runner, sets, refs)
         self.add_flags(runner.request(self.req.call_timeout_s, op="integrity").get("flags"))
         if compiled is not None:
             baseline = time_reference(self.model, compiled, sets, self.req.device, self.req.timing_mode, self.req)
@@ -1065,7 +1061,7 @@ def evaluate(req: Request) -> dict:
                     for i in range(EDGE_ROUNDS - 1):  # compile's time is the first round's: a baseline, not the candidate
                         mark_phase(req, f"timing again: a speedup at a milestone's edge (round {i + 2} of {EDGE_ROUNDS})")
                         sets, refs = ev.fresh_timing_sets(sets, refs)
-                        rounds.append(ev.timing_round(runner, sets, refs, None, reps=EDGE_ROUND_REPS))
+                        rounds.append(ev.timing_round(runner, sets, refs, None))
                 result.update(median_round(rounds))
             phase_s["time"] = time.perf_counter() - t0
             if ev.flags:

@@ -207,19 +207,18 @@ FAST_MIN_REPS, FAST_MAX_REPS = 100, 300
 
 
 def adaptive_reps(run_rep: Callable[[int], float], min_reps: int = 10, max_reps: int = 200,
-                  max_seconds: float = 10.0, rel_tol: float = 0.01, fast_floor: bool = True) -> list[float]:
+                  max_seconds: float = 10.0, rel_tol: float = 0.01) -> list[float]:
     """Call run_rep(i) -> ms until the running median moves less than rel_tol between checkpoints.
     A call under FAST_MS gets at least FAST_MIN_REPS reps (up to FAST_MAX_REPS): one descheduled
     launch is a large part of a 20 us call, and a median of ten such reps moves by several percent
-    from one run to the next; more of them cost little at that length. fast_floor=False: no such floor
-    (a further round of a call already timed at length)."""
+    from one run to the next; more of them cost little at that length."""
     times: list[float] = []
     last_median = None
     t_start = time.perf_counter()
     while True:
         times.append(run_rep(len(times)))
         n = len(times)
-        if fast_floor and n == min_reps and statistics.median(times) < FAST_MS:
+        if n == min_reps and statistics.median(times) < FAST_MS:
             min_reps, max_reps = max(min_reps, FAST_MIN_REPS), max(max_reps, FAST_MAX_REPS)
         if n >= max_reps or (n >= 3 and time.perf_counter() - t_start > max_seconds):
             return times

@@ -271,11 +271,3 @@ def test_strict_baselines_on_a_gpu_are_keyed_by_their_method():
     assert baseline_key(task, cpu, "strict").timing_mode == "strict"
     assert baseline_key(task, gpu, "strict") != baseline_key(task, gpu, "paper")
 
-
-
-def test_adaptive_reps_without_the_fast_floor_takes_exactly_the_reps_asked():
-    from cudagym.eval.timing import FAST_MIN_REPS, adaptive_reps
-
-    fast = lambda i: 0.001  # noqa: E731 - a call far under FAST_MS
-    assert len(adaptive_reps(fast, 10, 20)) >= FAST_MIN_REPS  # the floor: a fast call gets more reps
-    assert len(adaptive_reps(fast, 30, 30, fast_floor=False)) == 30
