@@ -664,17 +664,6 @@ class Evaluation:
             out.update(t_compile_ms=baseline.get("t_compile_ms"), compile=baseline.get("compile"))
         return out
 
-    def fresh_timing_sets(self, sets, refs):
-        """New timing inputs (new seeds) for another round. Small sets stay allocated while the new ones are
-        made, so the new ones lie elsewhere in memory; large ones are freed first (the memory share)."""
-        keep = (sets, refs) if sum(nbytes(s) + nbytes(r) for s, r in zip(sets, refs)) <= EDGE_KEEP_BYTES else None
-        sets = refs = None
-        if keep is None:
-            gc.collect()
-        fresh = self.timing_sets()
-        del keep
-        return fresh
-
     def empty_rep(self, runner: RunnerProcess, buffers, refs, i: int, n_sets: int, clock: "RepClock", parts: list):
         """A rep without the call (same input load, flush, spin and hand-over): the yardstick of timed
         reps; its parts (CUDA) go to `parts`."""
@@ -899,7 +888,7 @@ def at_milestone_edge(timed: dict, band: float, known_compile_ms: float | None =
 def median_round(rounds: list[dict]) -> dict:
     """One round as it is; several: the first (compile's statistics, when it timed compile) with the
     statistics of the round whose candidate time is the median, each of the three times the median of its
-    rounds', and every round's times kept."""
+    rounds', every round's times kept, and the timed outputs checked counted over all of them."""
     if len(rounds) == 1:
         return rounds[0]
     keys = ("t_candidate_ms", "t_eager_ms", "t_compile_ms")
@@ -911,6 +900,7 @@ def median_round(rounds: list[dict]) -> dict:
         if values:
             out[key] = statistics.median(values)
     out["timing"]["rounds"] = [{k: r.get(k) for k in keys} for r in rounds]
+    out["timing"]["timed_outputs_checked"] = sum(r["timing"].get("timed_outputs_checked", 0) for r in rounds)
     return out
 
 
@@ -1060,7 +1050,12 @@ def evaluate(req: Request) -> dict:
                 if not ev.flags and at_milestone_edge(rounds[0], req.edge_band, req.known_compile_ms):
                     for i in range(EDGE_ROUNDS - 1):  # compile's time is the first round's: a baseline, not the candidate
                         mark_phase(req, f"timing again: a speedup at a milestone's edge (round {i + 2} of {EDGE_ROUNDS})")
-                        sets, refs = ev.fresh_timing_sets(sets, refs)
+                        # Fresh inputs (new seeds). Small sets stay allocated while the new ones are made, so
+                        # the new ones lie elsewhere in memory; large ones are freed first (the memory share).
+                        if sum(nbytes(s) + nbytes(r) for s, r in zip(sets, refs)) > EDGE_KEEP_BYTES:
+                            sets = refs = None
+                            gc.collect()
+                        sets, refs = ev.timing_sets()
                         rounds.append(ev.timing_round(runner, sets, refs, None))
                 result.update(median_round(rounds))
             phase_s["time"] = time.perf_counter() - t0

@@ -308,4 +308,5 @@ def test_a_speedup_at_a_milestones_edge_is_timed_in_three_rounds_on_fresh_inputs
         assert verdict.t_candidate_ms == statistics.median(r["t_candidate_ms"] for r in kept)
         assert verdict.t_eager_ms == statistics.median(r["t_eager_ms"] for r in kept)
         assert len({r["t_candidate_ms"] for r in kept}) > 1  # three measurements, not one copied
-        assert verdict.timing["timed_outputs_checked"] >= 5  # every round's timed outputs were checked
+        # every round's timed outputs were checked: more than the reps of the one round whose statistics stand
+        assert verdict.timing["timed_outputs_checked"] > verdict.timing["reps"]

@@ -99,13 +99,14 @@ def test_median_round_takes_each_time_from_the_median_round_and_keeps_them_all()
     from cudagym.eval.judge import median_round
     from cudagym.eval.verdict import milestone_reward
 
-    rounds = [{"t_candidate_ms": 1.00, "t_eager_ms": 1.07, "t_compile_ms": 1.2, "timing": {"reps": 100}},
-              {"t_candidate_ms": 1.03, "t_eager_ms": 1.01, "t_compile_ms": 1.1, "timing": {"reps": 110}},
-              {"t_candidate_ms": 0.98, "t_eager_ms": 1.02, "t_compile_ms": 1.3, "timing": {"reps": 120}}]
+    rounds = [{"t_candidate_ms": 1.00, "t_eager_ms": 1.07, "t_compile_ms": 1.2, "timing": {"reps": 100, "timed_outputs_checked": 100}},
+              {"t_candidate_ms": 1.03, "t_eager_ms": 1.01, "t_compile_ms": 1.1, "timing": {"reps": 110, "timed_outputs_checked": 110}},
+              {"t_candidate_ms": 0.98, "t_eager_ms": 1.02, "t_compile_ms": 1.3, "timing": {"reps": 120, "timed_outputs_checked": 120}}]
     out = median_round(rounds)
     assert (out["t_candidate_ms"], out["t_eager_ms"], out["t_compile_ms"]) == (1.00, 1.02, 1.2)
     assert out["timing"]["reps"] == 100  # the statistics of the round whose candidate time is the median
     assert [r["t_candidate_ms"] for r in out["timing"]["rounds"]] == [1.00, 1.03, 0.98]
+    assert out["timing"]["timed_outputs_checked"] == 330  # every round's checked outputs
     assert "rounds" not in rounds[0]["timing"]  # the rounds themselves are left as they were
     # The first round alone would give reward 3 (x1.07 vs eager); the medians give 1, as two rounds of three do.
     assert milestone_reward(True, 1.00, 1.07, 1.2) == 3 and milestone_reward(True, 1.00, 1.02, 1.2) == 1
