@@ -6,7 +6,8 @@
 #   cold  all 250 v0.1 L1-3 baselines from cold build caches (a fresh CUDAGYM_CACHE, so a machine left
 #         warm by an earlier call is cold too), timed; then `baseline cache export` of what it compiled,
 #         into $OUT as compile-cache.zip, or as 15 MiB parts compile-cache.zip.part-NN when over the
-#         16 MiB a returned file may have. Carry them back as .devout/ for warm.
+#         16 MiB a returned file may have. Carry them back as .devout/ for warm. EXPORT=0: no export (a
+#         run cut short on purpose, to see how far the pipeline gets).
 #   warm  `baseline cache import` of the carried .devout/compile-cache.zip* into a fresh cache, then the
 #         same run into a fresh DB, timed (acceptance 1: under 5 minutes).
 #   ab    acceptance 2 on IDS (default 1-5) of each level of KBV (default v0.1): `cudagym baseline run
@@ -26,7 +27,7 @@ left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 stamp() { SECONDS=0; local line; while IFS= read -r line; do printf '%4d %s\n' "$SECONDS" "$line"; done; }
 # From a stamped progress log: when compiles and stored baselines came (the time split).
 split_times() {
-  awk '$NF == "compiled" { if (c0 == "") c0 = $1; c1 = $1 } $NF == "stored" { if (s0 == "") s0 = $1; s1 = $1; n++ }
+  awk '/ compiled( \(|$)/ { if (c0 == "") c0 = $1; c1 = $1 } / stored( \(|$)/ { if (s0 == "") s0 = $1; s1 = $1; n++ }
        END { printf "compiled (compile judges) %s-%s s, stored %d at %s-%s s", c0, c1, n, s0, s1 }' "$1"
 }
 # A cudagym baseline run of everything selected into a fresh DB: sets RC and WALL.
@@ -36,14 +37,25 @@ baselines() {  # LOG DB ARGS...
     --parallel "$PARALLEL" --db "$db" --json "$@" 2> >(stamp > "$log") > "${log%.log}.json"
   RC=$?; WALL=$(( $(date +%s) - t0 )); sleep 1  # the stamping subshell writes its last lines
 }
+# The stored baselines' records (the timing judge's compile_s, the reps), for the time split.
+stored_records() {
+  python3 -c "import duckdb, json, sys; db = duckdb.connect(sys.argv[1], read_only=True)
+print(json.dumps([json.loads(r) for (r,) in db.execute('SELECT record FROM baselines ORDER BY created').fetchall()]))" "$1"
+}
+# Load and GPU use every 10 s into $OUT/load.txt (cold and warm: ab returns 8 files already).
+sample_load() {
+  (while sleep 10; do
+     echo "$(( $(date +%s) - START )) load $(cut -d' ' -f1-3 /proc/loadavg) gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | paste -sd';')"
+   done) > "$OUT/load.txt" 2>&1 &
+}
 fresh_cache() { export CUDAGYM_CACHE; CUDAGYM_CACHE=$(mktemp -d /tmp/cudagym-cache.XXXX); }
 
 case $STEP in
   cold)
-    fresh_cache
+    fresh_cache; sample_load
     baselines "$OUT/cold.log" /tmp/cold.duckdb --precision "$PRECISION"
     t0=$(date +%s)
-    python3 -m cudagym baseline cache export /tmp/compile-cache.zip >> "$OUT/cold.log" 2>&1
+    [ "${EXPORT:-1}" = 1 ] && python3 -m cudagym baseline cache export /tmp/compile-cache.zip >> "$OUT/cold.log" 2>&1
     size=$(stat -c %s /tmp/compile-cache.zip 2>/dev/null || echo 0)
     if [ "$size" -gt $(( 16 * 1024 * 1024 )) ]; then
       split -b 15M -d /tmp/compile-cache.zip "$OUT/compile-cache.zip.part-"  # cat them back together
@@ -51,9 +63,10 @@ case $STEP in
       cp /tmp/compile-cache.zip "$OUT/" 2>/dev/null
     fi
     echo "cold rc=$RC run ${WALL}s, $(split_times "$OUT/cold.log"); export $(( $(date +%s) - t0 ))s $(( size / 1024 ))KiB" \
-      | tee -a "$OUT/summary.txt" ;;
+      | tee -a "$OUT/summary.txt"
+    stored_records /tmp/cold.duckdb > "$OUT/cold_records.json" ;;
   warm)
-    fresh_cache
+    fresh_cache; sample_load
     cat .devout/compile-cache.zip* > /tmp/compile-cache.zip || exit 1  # one file, or its parts in order
     t0=$(date +%s)
     python3 -m cudagym baseline cache import /tmp/compile-cache.zip > "$OUT/warm_import.txt" 2>&1
@@ -75,3 +88,4 @@ case $STEP in
     cat "$OUT/ab_table.txt" ;;
   *) echo "unknown step $STEP (cold, warm, ab)"; exit 2 ;;
 esac
+kill $(jobs -p) 2>/dev/null

@@ -167,8 +167,9 @@ def markdown(r: dict) -> str:
               f"Re-executed: {g['eager_and_compiled_on_gpu']} of {g['rows']} published rows ran eager and under "
               f"torch.compile on a GPU; devices {g['devices']}.",
               f"State: build.duckdb {st['build_duckdb_bytes']:,} bytes"
-              + (f", packed {st['packed_bytes']:,} bytes ({st['packed_per_1000_rows']:,} per 1,000 published rows)"
-                 if st.get("packed_bytes") else "") + ".", ""]
+              + (f", packed {st['packed_bytes']:,} bytes" if st.get("packed_bytes") else "")
+              + (f" ({st['packed_per_1000_rows']:,} per 1,000 published rows)" if st.get("packed_per_1000_rows") else "")
+              + ".", ""]
     return "\n".join(lines)
 
 

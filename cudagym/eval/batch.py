@@ -322,14 +322,15 @@ class BaselineProgress:
 
     def compiled(self, task: Task, result: dict) -> None:
         self.compiled_ids.add(task.id)
-        self.emit(f"{task.id} compiled" if "compile_s" in result else f"{task.id} not compiled: {result.get('reason', '')}"[:200])
+        self.emit(f"{task.id} compiled{_phases(result)}" if "compile_s" in result
+                  else f"{task.id} not compiled: {result.get('reason', '')}"[:200])
 
     def timed(self, task: Task, result: dict, stored: bool) -> None:
         self.compiled_ids.add(task.id)
         self.timed_ids.add(task.id)
         self.n_stored += stored
         self.n_failed += not stored
-        self.emit(f"{task.id} stored" if stored else f"{task.id} failed: {result.get('reason', '')}"[:200])
+        self.emit(f"{task.id} stored{_phases(result)}" if stored else f"{task.id} failed: {result.get('reason', '')}"[:200])
 
     def finish(self) -> None:
         self.emit("done" if len(self.timed_ids) == self.total else "stopped")
@@ -349,6 +350,12 @@ class BaselineProgress:
 
     def emit(self, event: str) -> None:
         print(f"baselines: {self.line()} · {event}", file=self.stream or sys.stderr, flush=True)
+
+
+def _phases(result: dict) -> str:
+    """ ` (memory 40.1 s, inputs 2.0, compile 0.1, turn 3.2, timing 0.3)`: where the judge's time went."""
+    phases = result.get("phase_s") or {}
+    return " (" + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + " s)" if phases else ""
 
 
 def _cached_keys(tasks: list[Task], keys: dict[str, list[BaselineKey]], cached: set[BaselineKey]) -> frozenset[BaselineKey]:

@@ -332,7 +332,7 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
     if chains:
         filter_config = config.filter_config()
         _say(f"compose round {round_}: scale search for {len(chains)} candidates in {filter_config.window_ms} ms")
-        with open_pool(filter_config.eval_config(), filter_config.parallel, filter_config.runner,
+        with open_pool(filter_config.probe_config(), filter_config.parallel, filter_config.runner,
                        filter_config.address) as pool:
             size_chains(chains, lambda tasks: eager_times(tasks, filter_config, pool), config.search_config(),
                         config.compose_config(round_), on_sized=store.add_sized)

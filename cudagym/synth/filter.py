@@ -24,6 +24,7 @@ generation as an evaluation), which measures; `decide` here turns the measuremen
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
@@ -56,6 +57,10 @@ class FilterConfig:
     max_reps: int = 50
     seed: int | None = None  # None: fresh secret input seeds, as in an evaluation
     two_pass: bool | None = None  # check all, then time the survivors (run_filter); None: on a GPU
+    # The scale search's probes (`eager_times`): a rough eager time is all it needs
+    probe_chunk: int = 16  # probes per judge process: judges start (torch, CUDA) once per chunk
+    probe_reps: tuple[int, int] = (3, 10)
+    probe_timing_s: float = 0.5
     # A first eager call, and a warm one after it, each longer than slow_factor x the window's max drop
     # the task as too_slow at once (no checks, compile or timing). Generous: up to `parallel` judges
     # share the GPU then.
@@ -81,6 +86,11 @@ class FilterConfig:
                           task_timeout_s=self.task_timeout_s, max_timing_s=self.max_timing_s,
                           min_reps=self.min_reps, max_reps=self.max_reps, seed=self.seed,
                           slow_call_s=self.slow_factor * self.window_ms[1] / 1000)
+
+    def probe_config(self) -> EvalConfig:
+        """The judges' settings for the scale search's probes: few reps, a short timing."""
+        return replace(self.eval_config(), min_reps=self.probe_reps[0], max_reps=self.probe_reps[1],
+                       max_timing_s=self.probe_timing_s)
 
 
 @dataclass(frozen=True)
@@ -189,17 +199,27 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         run_references(pool, shares, "filter-time", record, f"filter: time, {len(shares)} judges")
 
 
+def probe_chunk(n: int, slots: int, most: int) -> int:
+    """Probes per judge: as few waves of judges as `most` a judge allows, the probes spread evenly
+    over each wave (a pass of probes ends with its slowest judge: no short last wave of full judges)."""
+    waves = max(1, math.ceil(n / (slots * most)))
+    return max(1, math.ceil(n / (slots * waves)))
+
+
 def eager_times(tasks: list[Task], config: FilterConfig, pool) -> list[float | None]:
-    """Each task's eager time (ms), measured on an open pool (`batch.open_pool` of
-    `config.eval_config()`) as the filter's timing pass measures it: the judge's filter-time mode,
-    which skips the checks, compiles and times. None where it failed, ran out of memory or time, or
-    its first calls were already far beyond the window (`slow_factor`). The scale search's probes."""
+    """Each task's eager time (ms), roughly, measured on an open pool (`batch.open_pool` of
+    `config.probe_config()`): the judge's filter-probe mode, which neither checks nor compiles and
+    times a few reps. None where it failed, ran out of memory or time. A task whose first and warm
+    calls are beyond slow_factor x the window's top gets that warm call's time. The scale search's
+    probes: on the H200, timing each probe as the filter times a task (compile included) took longer
+    than a 470 s call for one round of 300 candidates."""
     from cudagym.eval.batch import chunks_of, run_references
 
     measured: dict[str, dict] = {}
-    run_references(pool, chunks_of(tasks, config.chunk), "filter-time",
+    chunk = probe_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
+    run_references(pool, chunks_of(tasks, chunk), "filter-probe",
                    lambda task, env, result: measured.__setitem__(task.id, result),
-                   f"scale search: time {len(tasks)} probes, {config.chunk} per judge")
+                   f"scale search: time {len(tasks)} probes, {chunk} per judge")
 
     def eager_ms(result: dict | None) -> float | None:
         ok = result is not None and result.get("stage") == "done" and not result.get("error")

@@ -313,3 +313,24 @@ def test_eval_run_and_audit_from_the_cli_share_audit_rows_and_keep_precisions_ap
         [s] = store.submissions()
         assert [(r["timing_mode"], r["precision"], r["n"]) for r in s["runs"]] == [
             ("strict", "strict", 2), ("strict", "kernelbench", 2)]
+
+
+def test_baseline_progress_events_show_where_each_judge_spent_its_time():
+    """A stored or compiled event carries its judge's phases (on the H200 a cold run's timing judges
+    took ~5 s a problem for ~0.2 s of timing: the phases say where the rest went)."""
+    import io
+
+    from cudagym.eval.batch import BaselineProgress
+
+    out = io.StringIO()
+    meter = BaselineProgress(out)
+    meter.start(2, 0)
+    task = Task(id="v0.1/L1/1", name="t", code="")
+    meter.compiled(task, {"compile_s": 12.3, "phase_s": {"memory": 40.06, "inputs": 1.0, "compile": 12.3}})
+    meter.timed(task, {"t_eager_ms": 3.0, "phase_s": {"memory": 0.0, "turn": 2.25, "timing": 0.2}}, stored=True)
+    meter.timed(Task(id="v0.1/L1/2", name="t", code=""), {"reason": "judge died"}, stored=False)
+    lines = out.getvalue().splitlines()
+    assert lines[1].endswith("· v0.1/L1/1 compiled (memory 40.1, inputs 1.0, compile 12.3 s)")
+    assert lines[2].startswith("baselines: compiled 1/2 · timed 1/2 · stored 1/2 · failed 0")
+    assert lines[2].endswith("· v0.1/L1/1 stored (memory 0.0, turn 2.2, timing 0.2 s)")
+    assert lines[3].endswith("· v0.1/L1/2 failed: judge died")

@@ -340,3 +340,34 @@ def test_a_rerun_after_running_out_of_memory_waits_for_the_whole_budget_free():
     assert memory_share(100 * gb, 118 * gb, exclusive=False) == (100 * gb, 100 * gb)
     assert memory_share(100 * gb, 118 * gb, exclusive=True) == (118 * gb, 118 * gb)
     assert memory_share(200 * gb, 118 * gb, exclusive=False) == (200 * gb, 118 * gb)  # alone, at most the budget
+
+
+def test_a_reference_compile_holds_the_shared_lock_only_while_autotuning(lock, tmp_path, monkeypatch):
+    """A baseline judge compiles outside the GPU lock (a timer waits for no compile's codegen), but
+    the Triton autotuner's benchmarks run on the GPU: they take the shared lock, so they wait for a
+    timing turn and a timer waits for them. The patch is undone when the compile ends."""
+    import threading
+
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from cudagym.eval.judge import Request, autotuning_locked
+
+    ran = []
+    monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", lambda self, *a, **k: ran.append(time.monotonic()) or "best")
+    original = CachingAutotuner.benchmark_all_configs
+    req = Request(mode="baseline", ref_code="", workdir=str(tmp_path), device="cuda:0", lock_path=lock)
+    timer = start_holder(lock, True, tmp_path / "timer", hold_s=1.5)  # a timing turn under way
+    turn_began = wait_for(tmp_path / "timer")
+    answers = []
+    with autotuning_locked(req):
+        assert CachingAutotuner.benchmark_all_configs is not original
+        tuning = threading.Thread(target=lambda: answers.append(CachingAutotuner.benchmark_all_configs(object())))
+        tuning.start()
+        time.sleep(0.5)
+        assert not ran, "autotuning benchmarked during a timing turn"
+        finish(timer)
+        tuning.join(20)
+    assert answers == ["best"] and ran[0] >= turn_began + 1.5  # not before the turn's end
+    assert CachingAutotuner.benchmark_all_configs is original
+    with autotuning_locked(Request(mode="baseline", ref_code="", workdir=str(tmp_path), device="cpu", lock_path=lock)):
+        assert CachingAutotuner.benchmark_all_configs is original  # the CPU: nothing to lock

@@ -63,6 +63,10 @@ def test_task_metadata_comes_from_meta_tensors():
     assert task_dtypes(ref, [64]) == {"float32"}
     weights, inputs = (64 * 64 + 64) * 4, 32 * 64 * 4
     assert footprint_bytes(ref, [64]) == 14 * inputs + 4 * weights + 2 * 2**30
+    # a baseline's judge and a compile-only one hold fewer copies: the ledger admits more of them
+    assert footprint_bytes(ref, [64], "baseline") == 8 * inputs + 2 * weights + 2 * 2**30
+    assert footprint_bytes(ref, [64], "warm") == 4 * inputs + 2 * weights + 2 * 2**30
+    assert footprint_bytes(ref, [64], "audit") == footprint_bytes(ref, [64])
 
 
 def test_a_reference_without_get_inputs_is_refused():

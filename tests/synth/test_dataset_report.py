@@ -64,3 +64,20 @@ def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path
     assert report["state"]["packed_bytes"] == (tmp_path / "state.tar.gz").stat().st_size
     md = (tmp_path / "r2" / "report.md").read_text()
     assert f"| all | 90.0 |" in md and "| torch#2 |" in md and "0 of 5 published rows" in md
+
+
+def test_report_of_a_call_that_published_nothing(tmp_path):
+    """A call stopped before its first round ended (the H200's first scale-search build): the report
+    still says so, with the packed state's size and no per-row figure."""
+    from cudagym.synth.build import INTERRUPTED, BuildStore, publish_stage
+
+    out = tmp_path / "build"
+    BuildStore(out / "build.duckdb").close()
+    publish_stage(_config(out, 6000), [], [], stopped=("interrupted", f"{INTERRUPTED}; round 0 unfinished"))
+    with tarfile.open(tmp_path / "state.tar.gz", "w:gz") as tar:
+        tar.add(out / "build.duckdb", "build.duckdb")
+    assert dataset_report.main([str(out), "--wall-s", "470", "--out", str(tmp_path / "r")]) == 0
+    assert dataset_report.main([str(out), "--packed", str(tmp_path / "state.tar.gz"), "--out", str(tmp_path / "r")]) == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["overall"]["published"] == 0 and report["state"]["packed_per_1000_rows"] is None
+    assert "packed" in (tmp_path / "r" / "report.md").read_text()

@@ -181,6 +181,38 @@ def test_the_timing_pass_times_without_checking_again():
 
 
 @pytest.mark.slow
+def test_a_scale_probe_times_eager_only_and_reports_a_slow_call_s_time():
+    """The scale search's judge mode ("filter-probe") neither checks nor compiles: a task the checks
+    would drop still gets its eager time, few reps. Beyond slow_call_s a first and a warm call end the
+    probe, and the warm call's time is the answer (the search needs to know how far outside it is)."""
+    from cudagym.eval.evaluate import run_reference_jobs
+
+    sleepy = _task("sleepy", "pass", "time.sleep(0.4)\n        return x * 2", imports="import time")
+    config = FilterConfig(device="cpu", task_timeout_s=180.0, seed=1, slow_factor=2.0, max_eager_ms=100.0)
+    probed = run_reference_jobs([TASKS["good"], TASKS["degenerate_zeros"], sleepy], "filter-probe",
+                                config.probe_config())
+    for result in probed[:2]:
+        assert result["stage"] == "done" and 0 < result["t_eager_ms"] < 100, result
+        assert not {"compile_s", "t_compile_ms", "degenerate", "aten_ops", "slow_call_s"} & set(result), result
+    slow = probed[2]
+    assert slow["stage"] == "done" and slow["slow_call_s"] >= 0.4 and slow["t_eager_ms"] == pytest.approx(
+        slow["slow_call_s"] * 1000)
+    assert "timing_s" not in slow  # no reps of a call beyond the limit
+
+
+def test_probes_are_spread_evenly_over_as_few_waves_of_judges_as_the_chunk_allows():
+    from cudagym.synth.filter import probe_chunk
+
+    assert probe_chunk(300, 16, 16) == 10  # two waves of 16 judges, not 19 judges of 16 (a wave of 3)
+    assert probe_chunk(100, 16, 16) == 7  # one wave
+    assert probe_chunk(3, 16, 16) == 1
+    assert probe_chunk(0, 16, 16) == 1
+    for n, slots, most in [(257, 16, 16), (1000, 4, 8), (17, 2, 3)]:
+        chunk = probe_chunk(n, slots, most)
+        assert chunk <= most and -(-n // chunk) <= slots * -(-n // (slots * most))
+
+
+@pytest.mark.slow
 def test_inductor_headers_are_built_once_in_the_shared_cache(filtered):
     """Judges chdir their temp files into private workdirs; inductor's precompiled C++ headers must
     still land in the shared cache, or every judge process rebuilds them."""

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from cudagym.synth.crawl import crawl_torch, exec_task, tensor_numels
-from cudagym.synth.scale import REASONS, ScaleSearch, memory_bound, search_scale, size_chain, size_chains
+from cudagym.synth.scale import REASONS, FitBound, ScaleSearch, search_scale, size_chain, size_chains
 
 GPU_WINDOW = (1.0, 100.0)
 
@@ -40,11 +40,30 @@ def test_lands_in_the_window_in_few_probes(runtime):
 
 def test_the_memory_bound_caps_the_scale():
     fits = lambda s: s <= 24  # noqa: E731
-    assert memory_bound(fits, 1, 128) == 24 and memory_bound(lambda s: False, 1, 128) is None
+    bound = FitBound(fits, 1, 128)
+    assert bound.top is None and bound.largest_at_most(16) == 16 and bound.top is None  # 16 fits: nothing more asked
+    assert bound.largest_at_most(100) == 24 and bound.top == 24
+    assert FitBound(lambda s: False, 1, 128).largest_at_most(16) is None
     measure, calls = _probe_counter(lambda s: 1e-4 * s ** 2)  # 0.06 ms at 24: too fast anywhere that fits
     choice = search_scale(measure, fits, ScaleSearch(GPU_WINDOW))
     assert choice.reason == "too_fast" and choice.scale == 24 and max(calls) == 24
     assert search_scale(measure, lambda s: False, ScaleSearch(GPU_WINDOW)).reason == "no_fit"
+
+
+def test_the_memory_bound_is_asked_only_about_scales_the_search_wants():
+    """Each `fits` answer recomposes the chain (~0.1 s): a search that lands inside at once must not
+    bisect [1, 128] first (on the H200 that kept the GPU idle for minutes a round of 300)."""
+    asked = []
+
+    def fits(scale):
+        asked.append(scale)
+        return scale <= 64
+
+    choice = search_scale(lambda s: 0.01 * s ** 2, fits, ScaleSearch(GPU_WINDOW))  # 2.56 ms at 16
+    assert choice.reason == "in_window" and asked == [16]
+    asked.clear()
+    choice = search_scale(lambda s: 1e-3 * s ** 2, fits, ScaleSearch(GPU_WINDOW))  # 0.26 ms at 16: up to ~100
+    assert choice.reason == "in_window" and choice.scale <= 64 and len(asked) <= 8, asked
 
 
 def test_too_slow_at_the_smallest_scale_and_failures_count_as_too_slow():
