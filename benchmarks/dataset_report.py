@@ -69,6 +69,28 @@ def filter_detail(build: Path) -> list[dict]:
     return out
 
 
+def judge_seconds(build: Path) -> dict:
+    """Where the filter's and the scale search's judge time went: per filter.PHASES, the decisions that
+    recorded it (builds since session 15), their sum and median; and the scale search's outcomes and probes."""
+    db = duckdb.connect(str(build / "build.duckdb"), read_only=True)
+    try:
+        has_phases = "phases" in [c for (c,) in db.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'filtered'").fetchall()]
+        phases = [json.loads(p) for (p,) in db.execute("SELECT phases FROM filtered WHERE phases IS NOT NULL").fetchall()] \
+            if has_phases else []
+        sized = db.execute("SELECT reason, probes FROM sized").fetchall()
+    finally:
+        db.close()
+    filter_s = {}
+    for name in ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s"):
+        values = [p[name] for p in phases if p.get(name) is not None]
+        if values:
+            filter_s[name] = {"n": len(values), "sum": round(sum(values), 1), "median": round(statistics.median(values), 3)}
+    probes = [len(json.loads(p)) for _, p in sized]
+    return {"filter": filter_s, "scale_search": {"candidates": len(sized), "probes": sum(probes),
+                                                 "reasons": dict(Counter(r for r, _ in sized))}}
+
+
 def record_call(build: Path, wall_s: float, gpus: int) -> list[dict]:
     """Append this call's deltas to BUILD/calls.jsonl; all calls so far."""
     log = build / "calls.jsonl"
@@ -126,6 +148,7 @@ def report(build: Path, calls: list[dict], packed: Path | None = None) -> dict:
         "kept_eager_ms": {"n": len(kept_ms), "min": min(kept_ms, default=None), "median":
                           statistics.median(kept_ms) if kept_ms else None, "max": max(kept_ms, default=None)},
         "by_scale": {k: dict(v) for k, v in sorted(by_scale.items())},
+        "judge_seconds": judge_seconds(build),
         # what travels between calls; per 1,000 rows only means something beyond DuckDB's fixed blocks (MBs)
         "state": {"build_duckdb_bytes": size, **({"packed_bytes": packed.stat().st_size,
                   "packed_per_1000_rows": round(packed.stat().st_size / len(rows) * 1000) if rows else None}
@@ -161,6 +184,12 @@ def markdown(r: dict) -> str:
     for scale, c in r["by_scale"].items():
         other = c["filtered"] - c.get("kept", 0) - c.get("too_fast", 0) - c.get("too_slow", 0)
         lines.append(f"| {scale} | {c['filtered']} | {c.get('kept', 0)} | {c.get('too_fast', 0)} | {c.get('too_slow', 0)} | {other} |")
+    sec = r["judge_seconds"]
+    search = sec["scale_search"]
+    lines += ["", f"Scale search: {search['candidates']} candidates, {search['probes']} probes, "
+              + ", ".join(f"{k} {v}" for k, v in sorted(search["reasons"].items())) + ".",
+              "Filter judge seconds (sum / median over decisions): "
+              + (", ".join(f"{k[:-2]} {v['sum']} / {v['median']}" for k, v in sec["filter"].items()) or "not recorded") + "."]
     g, e, st = r["re_executed_on_gpu"], r["kept_eager_ms"], r["state"]
     ms = {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
     lines += ["", f"Kept eager ms: n {ms['n']}, min {ms['min']}, median {ms['median']}, max {ms['max']}.",

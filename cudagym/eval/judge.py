@@ -1276,14 +1276,18 @@ def _measure_task(ev: Evaluation, out: dict, timed: bool, checked: bool) -> None
     t0 = time.perf_counter()
     with gpu_lock(req.lock_path, exclusive=req.exclusive):
         out["wait_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
         ev.build_model()
         a = make_inputs(ev.ref, ev.new_seed(), req.device)
         b = make_inputs(ev.ref, ev.new_seed(), req.device)
+        out["inputs_s"] = synced_since(t0, req.device)
         if checked:  # the compile is a cache hit by now: pass 1 compiled the same graph
             out["stage"] = "compile"
             compiled, out["compile_s"] = compile_reference(ev.model, [a], req.device)
         else:
+            t0 = time.perf_counter()
             compiled = _check_task(ev, out, a, b)
+            out["checks_s"] = time.perf_counter() - t0 - (out.get("compile_s") or 0.0)  # the compile apart
             if compiled is None:
                 return
     if not timed:

@@ -154,6 +154,8 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS filtered (sha256 VARCHAR PRIMARY KEY, keep BOOLEAN, reason VARCHAR,
         detail VARCHAR, t_eager_ms DOUBLE, t_compile_ms DOUBLE, device VARCHAR, created TIMESTAMP)""",
     # a GPU filter's first pass, for candidates it passed and the second pass has not timed yet
+    # where each decision's judge time went (filter.PHASES); added in session 15, so older builds get it here
+    "ALTER TABLE filtered ADD COLUMN IF NOT EXISTS phases VARCHAR",
     "CREATE TABLE IF NOT EXISTS checked (sha256 VARCHAR PRIMARY KEY, measured VARCHAR, created TIMESTAMP)",
     # the scale search (--scale search): per composed candidate (its scale-1 sha256), the probes, the
     # choice or the reason there is none, and the sized task the candidates table got
@@ -248,9 +250,10 @@ class BuildStore:
         return {r[0]: FilterResult(*r[1:]) for r in rows}
 
     def add_filtered(self, sha: str, result: FilterResult) -> None:
-        self.db.execute("INSERT OR REPLACE INTO filtered VALUES (?, ?, ?, ?, ?, ?, ?, now())",
+        self.db.execute("INSERT OR REPLACE INTO filtered (sha256, keep, reason, detail, t_eager_ms, t_compile_ms, device,"
+                        " created, phases) VALUES (?, ?, ?, ?, ?, ?, ?, now(), ?)",
                         [sha, result.keep, result.reason, result.detail, result.t_eager_ms, result.t_compile_ms,
-                         result.device])
+                         result.device, json.dumps(result.phases) if result.phases else None])
         self.db.execute("DELETE FROM checked WHERE sha256 = ?", [sha])
 
     def checked(self) -> dict[str, dict]:

@@ -104,17 +104,25 @@ class FilterResult:
     compile_s: float | None = None  # torch.compile's first call (CPU-heavy, GPU shared)
     timing_s: float | None = None  # the timing phase (GPU held alone)
     wait_s: float | None = None  # waiting for the GPU: its memory budget, the shared and the exclusive lock
+    # where the judges' time went (`PHASES` of the measurement: building it and its inputs, the checks,
+    # compile, timing, waiting), for the build's records: what a faster filter has to cut
+    phases: dict | None = None
 
     def to_dict(self) -> dict:
         return {"keep": self.keep, "reason": self.reason, "detail": self.detail, "t_eager_ms": self.t_eager_ms,
                 "t_compile_ms": self.t_compile_ms, "device": self.device}
 
 
+PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds, as measure_task reports them
+
+
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
     """Keep or (drop, reason) from what the judge measured (`measure_task`'s dict, or a judge failure)."""
+    phases = {k: round(measured[k], 3) for k in PHASES if isinstance(measured.get(k), (int, float))} or None
+
     def drop(reason: str, detail: object = "") -> FilterResult:
         return FilterResult(False, reason, str(detail)[:300], measured.get("t_eager_ms"), measured.get("t_compile_ms"),
-                            device, measured.get("compile_s"), measured.get("timing_s"), measured.get("wait_s"))
+                            device, measured.get("compile_s"), measured.get("timing_s"), measured.get("wait_s"), phases)
 
     if measured.get("status") == "timeout":
         return drop("timeout", measured.get("reason", ""))
@@ -146,7 +154,7 @@ def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> 
     if t > hi:
         return drop("too_slow", f"eager {t:.4g} ms > {hi} ms")
     return FilterResult(True, "", "", t, measured.get("t_compile_ms"), device, measured.get("compile_s"),
-                        measured.get("timing_s"), measured.get("wait_s"))
+                        measured.get("timing_s"), measured.get("wait_s"), phases)
 
 
 def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[[Task, FilterResult], None],
@@ -173,7 +181,8 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         if task.sha256 in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
             first = checked[task.sha256]  # its compile is the real cost (pass 2's is a cache hit); waits add up
             measured = {**first, **measured, "compile_s": first.get("compile_s") or measured.get("compile_s"),
-                        "wait_s": first.get("wait_s", 0.0) + measured.get("wait_s", 0.0)}
+                        "wait_s": first.get("wait_s", 0.0) + measured.get("wait_s", 0.0),
+                        "inputs_s": first.get("inputs_s", 0.0) + measured.get("inputs_s", 0.0)}
         on_result(task, decide(measured, config.window_ms, env.get("gpu", "")))
 
     def record_checked(task: Task, env: dict, measured: dict) -> None:
@@ -192,16 +201,19 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
             return
         to_check = [t for t in tasks if t.sha256 not in checked]
         if to_check:
-            run_references(pool, chunks_of(to_check, config.chunk), "filter-check", record_checked,
-                           f"filter: check and compile, {config.chunk} tasks per judge")
+            chunk = even_chunk(len(to_check), pool.n_workers * config.parallel, config.chunk)
+            run_references(pool, chunks_of(to_check, chunk), "filter-check", record_checked,
+                           f"filter: check and compile, {chunk} tasks per judge")
         to_time = [t for t in tasks if t.sha256 in checked]
         shares = timing_shares(to_time, pool, config.parallel)
         run_references(pool, shares, "filter-time", record, f"filter: time, {len(shares)} judges")
 
 
-def probe_chunk(n: int, slots: int, most: int) -> int:
-    """Probes per judge: as few waves of judges as `most` a judge allows, the probes spread evenly
-    over each wave (a pass of probes ends with its slowest judge: no short last wave of full judges)."""
+def even_chunk(n: int, slots: int, most: int) -> int:
+    """Tasks per judge for n tasks on `slots` judges at once: as few waves of judges as `most` tasks a
+    judge allow, the tasks spread evenly over each wave (a pass ends with its slowest judge: no short
+    last wave of full judges, and no idle slots while fewer, fuller judges run; on the H200 89
+    candidates in chunks of 8 ran on 12 of 16 slots)."""
     waves = max(1, math.ceil(n / (slots * most)))
     return max(1, math.ceil(n / (slots * waves)))
 
@@ -216,7 +228,7 @@ def eager_times(tasks: list[Task], config: FilterConfig, pool) -> list[float | N
     from cudagym.eval.batch import chunks_of, run_references
 
     measured: dict[str, dict] = {}
-    chunk = probe_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
+    chunk = even_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
     run_references(pool, chunks_of(tasks, chunk), "filter-probe",
                    lambda task, env, result: measured.__setitem__(task.id, result),
                    f"scale search: time {len(tasks)} probes, {chunk} per judge")

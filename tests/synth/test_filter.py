@@ -200,15 +200,16 @@ def test_a_scale_probe_times_eager_only_and_reports_a_slow_call_s_time():
     assert "timing_s" not in slow  # no reps of a call beyond the limit
 
 
-def test_probes_are_spread_evenly_over_as_few_waves_of_judges_as_the_chunk_allows():
-    from cudagym.synth.filter import probe_chunk
+def test_tasks_are_spread_evenly_over_as_few_waves_of_judges_as_the_chunk_allows():
+    from cudagym.synth.filter import even_chunk
 
-    assert probe_chunk(300, 16, 16) == 10  # two waves of 16 judges, not 19 judges of 16 (a wave of 3)
-    assert probe_chunk(100, 16, 16) == 7  # one wave
-    assert probe_chunk(3, 16, 16) == 1
-    assert probe_chunk(0, 16, 16) == 1
+    assert even_chunk(300, 16, 16) == 10  # two waves of 16 judges, not 19 judges of 16 (a wave of 3)
+    assert even_chunk(100, 16, 16) == 7  # one wave
+    assert even_chunk(89, 16, 8) == 6  # 15 judges, not 12 of 8 on 16 slots
+    assert even_chunk(3, 16, 16) == 1
+    assert even_chunk(0, 16, 16) == 1
     for n, slots, most in [(257, 16, 16), (1000, 4, 8), (17, 2, 3)]:
-        chunk = probe_chunk(n, slots, most)
+        chunk = even_chunk(n, slots, most)
         assert chunk <= most and -(-n // chunk) <= slots * -(-n // (slots * most))
 
 
