@@ -353,7 +353,7 @@ class BaselineProgress:
 
 
 def _phases(result: dict) -> str:
-    """ ` (memory 40.1 s, inputs 2.0, compile 0.1, turn 3.2, timing 0.3)`: where the judge's time went."""
+    """` (memory 40.1, inputs 2.0, compile 0.1, turn 3.2, timing 0.3 s)`: where the judge's time went."""
     phases = result.get("phase_s") or {}
     return " (" + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + " s)" if phases else ""
 
