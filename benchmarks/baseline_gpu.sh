@@ -42,17 +42,11 @@ stored_records() {
   python3 -c "import duckdb, json, sys; db = duckdb.connect(sys.argv[1], read_only=True)
 print(json.dumps([json.loads(r) for (r,) in db.execute('SELECT record FROM baselines ORDER BY created').fetchall()]))" "$1"
 }
-# Load and GPU use every 10 s into $OUT/load.txt (cold and warm: ab returns 8 files already).
-sample_load() {
-  (while sleep 10; do
-     echo "$(( $(date +%s) - START )) load $(cut -d' ' -f1-3 /proc/loadavg) gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | paste -sd';')"
-   done) > "$OUT/load.txt" 2>&1 &
-}
 fresh_cache() { export CUDAGYM_CACHE; CUDAGYM_CACHE=$(mktemp -d /tmp/cudagym-cache.XXXX); }
 
 case $STEP in
   cold)
-    fresh_cache; sample_load
+    fresh_cache; sample_load "$OUT/load.txt" 10  # cold and warm only: ab returns 8 files already
     baselines "$OUT/cold.log" /tmp/cold.duckdb --precision "$PRECISION"
     t0=$(date +%s)
     [ "${EXPORT:-1}" = 1 ] && python3 -m cudagym baseline cache export /tmp/compile-cache.zip >> "$OUT/cold.log" 2>&1
@@ -66,7 +60,7 @@ case $STEP in
       | tee -a "$OUT/summary.txt"
     stored_records /tmp/cold.duckdb > "$OUT/cold_records.json" ;;
   warm)
-    fresh_cache; sample_load
+    fresh_cache; sample_load "$OUT/load.txt" 10
     cat .devout/compile-cache.zip* > /tmp/compile-cache.zip || exit 1  # one file, or its parts in order
     t0=$(date +%s)
     python3 -m cudagym baseline cache import /tmp/compile-cache.zip > "$OUT/warm_import.txt" 2>&1

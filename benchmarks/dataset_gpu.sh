@@ -22,9 +22,7 @@ if [ ! -f "$BUILD/build.duckdb" ] && [ -f .devout/dataset-state.tar.gz ]; then
   mkdir -p "$BUILD" && tar -xzf .devout/dataset-state.tar.gz -C "$BUILD" || exit 1
 fi
 echo "resume: $(ls "$BUILD" 2>/dev/null | paste -sd' ' || echo fresh), $(date -u)" | tee "$OUT/build.log"
-(while sleep 15; do
-   echo "$(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg) gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | paste -sd';')"
- done) > "$OUT/load.txt" 2>&1 &
+sample_load "$OUT/load.txt"
 SAMPLER=$!
 t0=$(date +%s)
 # -s INT: the build's Ctrl-C path (publish what is stored); timeout signals the judges' process group too.

@@ -70,8 +70,8 @@ def filter_detail(build: Path) -> list[dict]:
 
 
 def judge_seconds(build: Path) -> dict:
-    """Where the filter's and the scale search's judge time went: per filter.PHASES, the decisions that
-    recorded it (builds since session 15), their sum and median; and the scale search's outcomes and probes."""
+    """Where the filter's and the scale search's judge time went: per phase recorded (filter.PHASES), the
+    decisions that recorded it (builds since session 15), their sum and median; and the scale search's outcomes and probes."""
     db = duckdb.connect(str(build / "build.duckdb"), read_only=True)
     try:
         has_phases = "phases" in [c for (c,) in db.execute(
@@ -82,10 +82,9 @@ def judge_seconds(build: Path) -> dict:
     finally:
         db.close()
     filter_s = {}
-    for name in ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s"):
+    for name in dict.fromkeys(k for p in phases for k in p):  # as recorded, in their order
         values = [p[name] for p in phases if p.get(name) is not None]
-        if values:
-            filter_s[name] = {"n": len(values), "sum": round(sum(values), 1), "median": round(statistics.median(values), 3)}
+        filter_s[name] = {"n": len(values), "sum": round(sum(values), 1), "median": round(statistics.median(values), 3)}
     probes = [len(json.loads(p)) for _, p in sized]
     return {"filter": filter_s, "scale_search": {"candidates": len(sized), "probes": sum(probes),
                                                  "reasons": dict(Counter(r for r, _ in sized))}}

@@ -12,3 +12,11 @@ export HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee -a "$OUT/env.txt"
+# sample_load FILE [SECONDS]: load average, GPU utilisation and memory every SECONDS (15) into FILE, in the
+# background (its pid in $!), each line stamped with the clock time and the seconds since the call.
+sample_load() {
+  local file=$1 every=${2:-15} t0; t0=$(date +%s)
+  (while sleep "$every"; do
+     echo "$(date +%T) +$(( $(date +%s) - t0 ))s load $(cut -d' ' -f1-3 /proc/loadavg) gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | paste -sd';')"
+   done) > "$file" 2>&1 &
+}

@@ -12,9 +12,7 @@ PREV_CALL=/tmp/gpu-filter-prev.json
 RESUME=${PREV:-benchmarks/results/gpu-filter-h200-2026-12-01.json}
 [ -f "$PREV_CALL" ] && RESUME=$PREV_CALL
 echo "resume from $RESUME, $(date -u)" | tee "$OUT/filter.log"
-(while sleep 15; do
-   echo "$(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg) gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | paste -sd';')"
- done) > "$OUT/load.txt" 2>&1 &
+sample_load "$OUT/load.txt"
 SAMPLER=$!
 python3 benchmarks/gpu_filter.py "$OUT/filter.json" --scales 16,32 --n 540 --parallel 16 --chunk 8 --runner ray \
   --seconds "${SECS:-480}" --resume "$RESUME" >> "$OUT/filter.log" 2>&1

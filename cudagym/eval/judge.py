@@ -1312,8 +1312,9 @@ def probe_task(ev: Evaluation) -> dict:
     """A scale-search probe: the task's eager time, roughly (a few reps: the search only needs to know
     where it lies against the window), nothing checked or compiled (a compile per probed scale cost
     the H200 more than every probe's timing; the filter checks and compiles the chosen scale). A first
-    call beyond the request's slow_call_s is the answer itself: far outside the window, its time still
-    tells the search how far, and a second call of a batched SVD would cost seconds more.
+    call beyond the request's slow_call_s gets a warm call, as in the filter (one-off costs), unless it
+    took PROBE_ONE_OFF_FACTOR times that; a call still beyond it is the answer itself: far outside
+    the window, its time tells the search how far, and timing reps of a batched SVD would cost seconds each.
     stage "done" with t_eager_ms (and slow_call_s when cut short), else the stage it failed at."""
     req, out = ev.req, {"stage": "eager", "wait_s": 0.0}
     try:

@@ -104,25 +104,30 @@ class FilterResult:
     compile_s: float | None = None  # torch.compile's first call (CPU-heavy, GPU shared)
     timing_s: float | None = None  # the timing phase (GPU held alone)
     wait_s: float | None = None  # waiting for the GPU: its memory budget, the shared and the exclusive lock
-    # where the judges' time went (`PHASES` of the measurement: building it and its inputs, the checks,
-    # compile, timing, waiting), for the build's records: what a faster filter has to cut
-    phases: dict | None = None
+    inputs_s: float | None = None  # building the model and its inputs
+    checks_s: float | None = None  # the checks, the compile apart
+
+    @property
+    def phases(self) -> dict | None:
+        """Where the judges' time went (the `PHASES` recorded), for the build's records: what a faster
+        filter has to cut."""
+        return {k: round(getattr(self, k), 3) for k in PHASES if getattr(self, k) is not None} or None
 
     def to_dict(self) -> dict:
         return {"keep": self.keep, "reason": self.reason, "detail": self.detail, "t_eager_ms": self.t_eager_ms,
                 "t_compile_ms": self.t_compile_ms, "device": self.device}
 
 
-PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds, as measure_task reports them
+PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
 
 
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
     """Keep or (drop, reason) from what the judge measured (`measure_task`'s dict, or a judge failure)."""
-    phases = {k: round(measured[k], 3) for k in PHASES if isinstance(measured.get(k), (int, float))} or None
+    seconds = {k: measured.get(k) for k in PHASES}
 
     def drop(reason: str, detail: object = "") -> FilterResult:
         return FilterResult(False, reason, str(detail)[:300], measured.get("t_eager_ms"), measured.get("t_compile_ms"),
-                            device, measured.get("compile_s"), measured.get("timing_s"), measured.get("wait_s"), phases)
+                            device, **seconds)
 
     if measured.get("status") == "timeout":
         return drop("timeout", measured.get("reason", ""))
@@ -153,8 +158,7 @@ def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> 
         return drop("too_fast", f"eager {t:.4g} ms < {lo} ms")
     if t > hi:
         return drop("too_slow", f"eager {t:.4g} ms > {hi} ms")
-    return FilterResult(True, "", "", t, measured.get("t_compile_ms"), device, measured.get("compile_s"),
-                        measured.get("timing_s"), measured.get("wait_s"), phases)
+    return FilterResult(True, "", "", t, measured.get("t_compile_ms"), device, **seconds)
 
 
 def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[[Task, FilterResult], None],
