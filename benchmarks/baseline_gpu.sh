@@ -46,7 +46,7 @@ fresh_cache() { export CUDAGYM_CACHE; CUDAGYM_CACHE=$(mktemp -d /tmp/cudagym-cac
 
 case $STEP in
   cold)
-    fresh_cache; sample_load "$OUT/load.txt" 10  # cold and warm only: ab returns 8 files already
+    fresh_cache; sample_load "$OUT/load.txt" 10  # cold (appended to cold.log) and warm: ab returns 8 files already
     baselines "$OUT/cold.log" /tmp/cold.duckdb --precision "$PRECISION"
     t0=$(date +%s)
     [ "${EXPORT:-1}" = 1 ] && python3 -m cudagym baseline cache export /tmp/compile-cache.zip >> "$OUT/cold.log" 2>&1
@@ -58,7 +58,8 @@ case $STEP in
     fi
     echo "cold rc=$RC run ${WALL}s, $(split_times "$OUT/cold.log"); export $(( $(date +%s) - t0 ))s $(( size / 1024 ))KiB" \
       | tee -a "$OUT/summary.txt"
-    stored_records /tmp/cold.duckdb > "$OUT/cold_records.json" ;;
+    stored_records /tmp/cold.duckdb > "$OUT/cold_records.json"
+    kill $(jobs -p) 2>/dev/null; { echo "# load.txt"; cat "$OUT/load.txt"; } >> "$OUT/cold.log" && rm "$OUT/load.txt" ;;  # 8 files
   warm)
     fresh_cache; sample_load "$OUT/load.txt" 10
     cat .devout/compile-cache.zip* > /tmp/compile-cache.zip || exit 1  # one file, or its parts in order

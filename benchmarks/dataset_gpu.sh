@@ -35,7 +35,7 @@ echo "build rc=$rc wall $WALL s, $(date -u)" | tee -a "$OUT/build.log"
 kill $SAMPLER
 # record this call (calls.jsonl, which travels in the state), pack the state, then report with its size
 python3 benchmarks/dataset_report.py "$BUILD" --wall-s "$WALL" --out "$OUT" > /dev/null 2>> "$OUT/build.log"
-(cd "$BUILD" && tar -czf "$OUT/dataset-state.tar.gz" build.duckdb $(ls build.duckdb.wal calls.jsonl funnel.json dataset 2>/dev/null))
+(cd "$BUILD" && tar -czf "$OUT/dataset-state.tar.gz" build.duckdb $(ls -d build.duckdb.wal calls.jsonl funnel.json dataset 2>/dev/null))
 python3 benchmarks/dataset_report.py "$BUILD" --packed "$OUT/dataset-state.tar.gz" --out "$OUT" > /dev/null 2>> "$OUT/build.log"
 [ -f "$BUILD/dataset/README.md" ] && cp "$BUILD/dataset/README.md" "$OUT/card.md"
 size=$(stat -c %s "$OUT/dataset-state.tar.gz")

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from functools import partial
+from itertools import zip_longest
 from pathlib import Path
 from typing import Callable, Container
 
@@ -42,6 +43,9 @@ NO_FILE = "no file for this problem in the submission"
 RUNNERS = ("local", "ray")
 TIMING_JUDGES_PER_GPU = 4  # timing passes (baselines, GPU filter): enough judges to prepare while one holds the GPU
 AUDIT_CHUNK = 4  # problems per audit judge
+# Whole networks (KernelBench level 3): on the H200 (session 16) their compiles took up to 180 s where
+# levels 1-2 took seconds, so a baseline run compiles them first, one per judge (`compile_jobs`).
+HEAVY_LEVEL = 3
 # A baseline's dtype names its precision regime, so the cache never mixes them (EvalConfig.precision).
 PRECISION_DTYPES = {"strict": "float32-notf32", "kernelbench": "float32-kernelbench"}
 
@@ -146,6 +150,17 @@ def strided(tasks: list[Task], n: int) -> list[list[Task]]:
     return [tasks[i::n] for i in range(n)]
 
 
+def compile_jobs(tasks: list[Task], chunk: int) -> list[list[Task]]:
+    """The compile judges' tasks, in the order they start: each whole network (level >= HEAVY_LEVEL)
+    alone, every other job, the rest in `chunk`s in their order. The longest compiles start first, so
+    they end long before the timing judges reach them (on the H200 in session 16, last in chunks of 4,
+    two 130-180 s DenseNet compiles ended the run 150 s after every other baseline was stored), while
+    half the compile judges keep ahead of the timing judges on the quick ones."""
+    heavy = [[t] for t in tasks if (t.level or 0) >= HEAVY_LEVEL]
+    rest = chunks_of([t for t in tasks if (t.level or 0) < HEAVY_LEVEL], chunk)
+    return [job for pair in zip_longest(heavy, rest) for job in pair if job]
+
+
 def timing_shares(tasks: list[Task], pool, parallel: int) -> list[list[Task]]:
     """The tasks of a timing pass (baselines, the GPU filter), for a few long-lived judges per GPU:
     timing is serial on a GPU, so more judges only wait, and one judge per task would pay compiler
@@ -243,9 +258,9 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
     One pipeline: a few long-lived timing judges per GPU (`baseline_timers`, each with its strided
     share of every level, `strided`) build, compile and time their tasks in order, the GPU held alone
-    while they time; the other judges compile the tasks after each timing judge's first, `chunk` per
-    judge, in that same order, so the timing judges mostly find their compiles in the inductor and
-    Triton caches. Timing starts with the first compiled problem and runs while the rest compile.
+    while they time; the other judges compile the tasks after each timing judge's first (`compile_jobs`:
+    whole networks first, one per judge, beside the rest in order, `chunk` per judge), so the timing
+    judges mostly find their compiles in the inductor and Triton caches. Timing starts with the first compiled problem and runs while the rest compile.
     Each baseline is stored the moment its judge writes it (local runner; with Ray, when its judge's
     job returns), so a stopped run keeps every baseline already timed and a rerun times only the
     rest. `progress` (default: lines on stderr) hears of every compile and timing."""
@@ -286,7 +301,7 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
         in_process = getattr(pool, "in_process", False)  # jobs run in threads here: they may report each task
         shares = strided(todo, pool.n_workers * baseline_timers(parallel))
-        ahead = chunks_of(todo[len(shares):], chunk)  # each timing judge compiles its own first task
+        ahead = compile_jobs(todo[len(shares):], chunk)  # each timing judge compiles its own first task
         jobs = [(("time", c), partial(reference_job, c, "baseline", skip(c), on_task=timed if in_process else None))
                 for c in shares]
         # A compile job leaves out the tasks timed by the time it starts (one judge: all of them).

@@ -4,6 +4,7 @@ and the CLI's one-line errors. Loading real artifacts is tested end to end in te
 from __future__ import annotations
 
 import json
+import lzma
 import zipfile
 
 import pytest
@@ -17,8 +18,14 @@ VERSION = torch.__version__.split("+")[0]
 
 
 def _artifact(folder, name: str, keys: dict, version: str = VERSION) -> None:
+    """A judge's saved file: torch's serialization of artifacts with these keys (content: kind:key)."""
+    from torch.compiler._cache import CacheArtifactFactory, CacheArtifactManager
+
+    CacheArtifactManager._ensure_cache_artifacts_registered()
+    pairs = [(kind, CacheArtifactFactory.create(kind, key, f"{kind}:{key}".encode() * 100))
+             for kind, names in keys.items() for key in names]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.bin").write_bytes(name.encode() * 10)
+    (folder / f"{name}.bin").write_bytes(compile_cache._serialized(pairs))
     (folder / f"{name}.json").write_text(json.dumps({"torch": version, "keys": keys}))
 
 
@@ -29,20 +36,45 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "inductor" / ARTIFACTS
 
 
-def test_an_export_bundles_each_artifact_file_that_adds_a_graph_of_this_torch(cache, tmp_path, capsys):
-    _artifact(cache, "a", {"inductor": ["g1", "g2"], "aot_autograd": ["x1"]})
-    _artifact(cache, "b", {"inductor": ["g1"]})  # a later run's cache hits: nothing new
-    _artifact(cache, "c", {"inductor": ["g3"]})
-    _artifact(cache, "d", {"inductor": ["g4"]}, version="1.0.0")  # another torch: never found
+@pytest.mark.parametrize("part_bytes", [1, 1 << 20], ids=["a-part-per-artifact", "one-part"])
+def test_an_export_holds_each_artifact_of_this_torch_once_and_an_import_writes_every_one(cache, tmp_path, monkeypatch,
+                                                                                         capsys, part_bytes):
+    monkeypatch.setattr(compile_cache, "PART_BYTES", part_bytes)
+    _artifact(cache, "a", {"aot_autograd": ["g1", "g2"], "autotune": ["x1"]})
+    _artifact(cache, "b", {"aot_autograd": ["g1"]})  # a timing judge's cache hit: nothing new
+    _artifact(cache, "c", {"aot_autograd": ["g2", "g3"]})  # one new, one held by a
+    _artifact(cache, "d", {"aot_autograd": ["g4"]}, version="1.0.0")  # another torch: never found
     (cache / "e.bin").write_bytes(b"half written")  # no keys beside it
     out = tmp_path / "cache.zip"
     assert main(["baseline", "cache", "export", str(out)]) == 0
-    assert "2 artifact files, 4 compiled graphs" in capsys.readouterr().out
+    assert "4 compiled graphs" in capsys.readouterr().out
     manifest = read_manifest(out)
     assert manifest["format"] == FORMAT and manifest["torch"] == VERSION
-    assert [e["file"] for e in manifest["artifacts"]] == ["artifacts/a.bin", "artifacts/c.bin"]
-    with zipfile.ZipFile(out) as z:
-        assert z.read("artifacts/c.bin") == (cache / "c.bin").read_bytes()
+    held = [(kind, key) for e in manifest["artifacts"] for kind, keys in e["keys"].items() for key in keys]
+    assert sorted(held) == [("aot_autograd", "g1"), ("aot_autograd", "g2"), ("aot_autograd", "g3"), ("autotune", "x1")]
+    assert len(manifest["artifacts"]) == (4 if part_bytes == 1 else 1)
+    with zipfile.ZipFile(out) as z:  # the parts are torch's serialization, xz-compressed
+        for entry in manifest["artifacts"]:
+            found = compile_cache._artifacts_of(lzma.decompress(z.read(entry["file"])))
+            assert {(k, a.content) for k, a in found.items()} == {
+                ((kind, key), f"{kind}:{key}".encode() * 100) for kind, keys in entry["keys"].items() for key in keys}
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert main(["baseline", "cache", "import", str(out)]) == 0
+    for key in ("g1", "g2", "g3"):  # AOT autograd's cache entries, written where its cache looks
+        [entry] = (tmp_path / "elsewhere").rglob(key)
+        assert [f.read_bytes() for f in entry.iterdir()] == [f"aot_autograd:{key}".encode() * 100]
+
+
+def test_a_bundle_of_the_first_format_still_loads(cache, tmp_path, capsys):
+    _artifact(cache, "a", {"aot_autograd": ["g1"]})
+    out = tmp_path / "old.zip"
+    with zipfile.ZipFile(out, "w") as z:  # format /1: the judges' files as they were, deflated
+        z.writestr("manifest.json", json.dumps({"format": "cudagym-compile-cache/1", "torch": VERSION,
+                                                "artifacts": [{"file": "artifacts/a.bin", "keys": {"aot_autograd": ["g1"]}}]}))
+        z.write(cache / "a.bin", "artifacts/a.bin")
+    assert main(["baseline", "cache", "import", str(out)]) == 0
+    assert "1 artifact files (1 compiled graphs)" in capsys.readouterr().out
 
 
 def test_cache_commands_fail_in_one_line(cache, tmp_path, capsys):
@@ -61,8 +93,10 @@ def test_cache_commands_fail_in_one_line(cache, tmp_path, capsys):
         with zipfile.ZipFile(tmp_path / name, "w") as z:
             z.writestr("manifest.json", json.dumps(manifest))
         assert says in error("import", str(tmp_path / name))
-    _artifact(cache, "junk", {"inductor": ["g1"]})  # not torch's serialization
-    export_cache(tmp_path / "junk.zip")
+    cache.mkdir(parents=True)
+    (cache / "junk.bin").write_bytes(b"not torch's serialization")
+    (cache / "junk.json").write_text(json.dumps({"torch": VERSION, "keys": {"inductor": ["g1"]}}))
+    export_cache(tmp_path / "junk.zip")  # bundled whole: its import says it does not load
     assert "does not load" in error("import", str(tmp_path / "junk.zip"))
     with pytest.raises(CacheError, match="cannot write"):
         compile_cache.export_cache(tmp_path / "no-such-folder" / "x.zip")
