@@ -907,8 +907,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "programmatic candidate to the runtime window (its scale searched with the filter's timing)")
     dsb.add_argument("--max-scale", type=int, default=128, help="--scale search: the largest scale tried (default 128)")
     dsb.add_argument("--scale-start", type=int, default=16, help="--scale search: the first scale timed (default 16)")
-    dsb.add_argument("--scale-probes", type=int, default=6,
-                     help="--scale search: eager timings per candidate at most (default 6)")
+    dsb.add_argument("--scale-probes", type=int, default=3,
+                     help="--scale search: eager timings per candidate at most (default 3)")
     dsb.add_argument("--k-distribution", type=_k_distribution, default=None,
                      help="weights of K composed ops, e.g. 1:0.1,2:0.8,3:0.1 (default: the paper's)")
     dsb.add_argument("--min-eager-ms", type=float, default=None, help="runtime window (default 1 ms on GPU, 0.01 on CPU)")

@@ -136,6 +136,20 @@ def test_other_settings_refuse_the_same_folder(built):
         build_dataset(BuildConfig(out=str(out), target=TARGET, seed=4, transformers=False))
 
 
+def test_the_scale_searchs_probe_cap_may_change_between_runs_of_a_build_its_bracket_may_not(tmp_path):
+    """The cap only ends searches sooner or later: every stored result stays right, so a build made
+    with another cap (or before the cap left the identity: it was there until session 16) resumes."""
+    config = _config(tmp_path, scale_search=True)
+    legacy = config.identity()
+    legacy["scale_search"] = {**legacy["scale_search"], "probes": 6}
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        store.check_identity(legacy)
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        store.check_identity(dataclasses.replace(config, scale_probes=2).identity())
+        with pytest.raises(TaskError, match=r"other settings \(scale_search\)"):
+            store.check_identity(dataclasses.replace(config, max_scale=64).identity())
+
+
 def test_kernelbench_problems_and_disguised_copies_are_dropped_by_decontamination(tmp_path, kernelbench_path):
     problem = load_problems("v0.1", [2])[16]
     disguised = re.sub(r"\bModel\b", "Model", problem.code)
