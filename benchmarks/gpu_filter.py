@@ -56,13 +56,10 @@ def main() -> None:
     parser.add_argument("--resume", help="an earlier OUT.json: keep its results, filter the rest")
     parser.add_argument("--check-only", action="store_true",
                         help="stop once the first pass is over (time the tasks it passed in a later --resume call)")
-    parser.add_argument("--timing-judges", type=int, help="judges per GPU of the timing pass (default: batch's)")
+    parser.add_argument("--timing-judges", type=int, help="judges per GPU of the timing pass (default: FilterConfig's)")
     args = parser.parse_args()
     if args.timing_judges is not None and args.timing_judges < 1:
         parser.error("--timing-judges must be at least 1")
-    from cudagym.eval import batch
-    if args.timing_judges:  # an experiment's knob: the module constant is read when the pass starts
-        batch.TIMING_JUDGES_PER_GPU = args.timing_judges
 
     from cudagym.synth.filter import FilterConfig, run_filter
     from cudagym.tasks import Task
@@ -89,7 +86,8 @@ def main() -> None:
     print(f"{len(tasks) - len(todo)} already filtered ({args.resume}), {len(todo)} to go "
           f"({sum(t.sha256 in checked for t in todo)} of them checked, waiting to be timed)", flush=True)
     config = FilterConfig(device=args.device, parallel=args.parallel, chunk=args.chunk, task_timeout_s=240,
-                          runner=args.runner)
+                          runner=args.runner,
+                          **({"timing_judges": args.timing_judges} if args.timing_judges else {}))
     def stop() -> None:  # an interrupted batch kills its judges and keeps what they had finished
         os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the main thread where it waits
 
@@ -126,7 +124,7 @@ def main() -> None:
         "candidates": len(tasks), "filtered": len(done), "compose_s": round(compose_s, 1),
         "filter_wall_s": round(filter_s, 1), "calls": prior["report"].get("calls", 0) + 1,
         "this_call_filter_s": round(call_s, 1), "this_call_filtered": sum(t.id in results for t in todo),
-        "timing_judges_per_gpu": batch.TIMING_JUDGES_PER_GPU,
+        "timing_judges_per_gpu": config.timing_judges,
         "candidates_per_min": round(len(done) / filter_s * 60, 1) if filter_s else None,
         "sum_compile_s": round(sum(r["compile_s"] or 0 for r in done), 1),
         "sum_gpu_exclusive_s": round(sum(r["timing_s"] or 0 for r in done), 1),

@@ -41,7 +41,7 @@ from cudagym.tasks import Task, TaskError
 SUBMISSION_FILE = re.compile(r"^(\d+)(?:_.*)?\.py$")
 NO_FILE = "no file for this problem in the submission"
 RUNNERS = ("local", "ray")
-TIMING_JUDGES_PER_GPU = 4  # timing passes (baselines, GPU filter): enough judges to prepare while one holds the GPU
+TIMING_JUDGES_PER_GPU = 4  # a baseline run's timing judges: enough to prepare while one holds the GPU, beside its compile judges
 AUDIT_CHUNK = 4  # problems per audit judge
 # Whole networks (KernelBench level 3): on the H200 (session 16) their compiles took up to 180 s where
 # levels 1-2 took seconds, so a baseline run compiles them first, one per judge (`compile_jobs`).
@@ -159,13 +159,6 @@ def compile_jobs(tasks: list[Task], chunk: int) -> list[list[Task]]:
     heavy = [[t] for t in tasks if (t.level or 0) >= HEAVY_LEVEL]
     rest = chunks_of([t for t in tasks if (t.level or 0) < HEAVY_LEVEL], chunk)
     return [job for pair in zip_longest(heavy, rest) for job in pair if job]
-
-
-def timing_shares(tasks: list[Task], pool, parallel: int) -> list[list[Task]]:
-    """The tasks of a timing pass (baselines, the GPU filter), for a few long-lived judges per GPU:
-    timing is serial on a GPU, so more judges only wait, and one judge per task would pay compiler
-    start-up (~10 s, under the shared lock, holding up the judge waiting to time) per task."""
-    return strided(tasks, pool.n_workers * min(parallel, TIMING_JUDGES_PER_GPU))
 
 
 def baseline_timers(parallel: int) -> int:

@@ -342,7 +342,7 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
         _say(f"compose round {round_}: scale search for {len(chains)} candidates in {filter_config.window_ms} ms")
         with open_pool(filter_config.probe_config(), filter_config.parallel, filter_config.runner,
                        filter_config.address) as pool:
-            size_chains(chains, lambda tasks: eager_times(tasks, filter_config, pool), config.search_config(),
+            size_chains(chains, lambda tasks: eager_times(tasks, filter_config, pool, say=_say), config.search_config(),
                         config.compose_config(round_), on_sized=store.add_sized)
         done = store.sized()
     sized = []
@@ -414,7 +414,8 @@ def filter_stage(store: BuildStore, config: BuildConfig, seqs: set[int], run: in
     if todo:
         t0 = time.monotonic()
         run_filter(todo, config.filter_config(), lambda task, result: store.add_filtered(task.sha256, result),
-                   checked=store.checked(), on_checked=lambda task, measured: store.add_checked(task.sha256, measured))
+                   checked=store.checked(), on_checked=lambda task, measured: store.add_checked(task.sha256, measured),
+                   say=_say)
         log.info("filter: %d candidates in %.0f s", len(todo), time.monotonic() - t0)
         done = store.filtered()
     kept = {seq for seq, task in candidates if task.sha256 in done and done[task.sha256].keep}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
@@ -50,6 +51,11 @@ class FilterConfig:
     task_timeout_s: float = 300.0  # one task's whole judge run: eager, compile, timing
     parallel: int = 1  # judges at once (per GPU with the ray runner)
     chunk: int = 8  # tasks per judge process (torch and inductor start once for them)
+    # Judges of the GPU's timing pass (pass 2 of run_filter): nothing else runs then, and each judge
+    # spends seconds getting a task ready (its compile a cache hit, inputs) per fraction of a second it
+    # holds the GPU alone: on the H200 (session 16) 4 judges timed ~100 tasks in 111 s, 0.36 s of
+    # timing each. Baselines keep batch.TIMING_JUDGES_PER_GPU: their compile judges run beside.
+    timing_judges: int = 8
     runner: str = "local"
     address: str | None = None
     max_timing_s: float = 2.0  # timing of one task: enough for a stable median, not a benchmark
@@ -70,8 +76,8 @@ class FilterConfig:
         lo, hi = self.window_ms
         if not 0 <= lo < hi:
             raise ValueError(f"runtime window must satisfy 0 <= min < max, got {lo}..{hi} ms")
-        if self.task_timeout_s <= 0 or self.parallel < 1 or self.chunk < 1 or self.slow_factor <= 1:
-            raise ValueError("task_timeout_s, parallel and chunk must be positive, slow_factor above 1")
+        if self.task_timeout_s <= 0 or min(self.parallel, self.chunk, self.timing_judges) < 1 or self.slow_factor <= 1:
+            raise ValueError("task_timeout_s, parallel, chunk and timing_judges must be positive, slow_factor above 1")
         self.eval_config()  # device and the rest are checked where they are defined
 
     @property
@@ -121,6 +127,17 @@ class FilterResult:
 PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
 
 
+def pass_line(what: str, n: int, seconds: float, measured: list[dict]) -> str:
+    """One line on a pass of judges: its tasks, wall time, and the judges' seconds per phase (sum and
+    median over the tasks that report it): where a faster build has to cut."""
+    parts = []
+    for key in PHASES:
+        values = sorted(m[key] for m in measured if isinstance(m.get(key), (int, float)))
+        if values:
+            parts.append(f"{key[:-2]} {sum(values):.0f} (median {values[len(values) // 2]:.2f})")
+    return f"{what}: {n} in {seconds:.0f} s; judge seconds {', '.join(parts) or 'none reported'}"
+
+
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
     """Keep or (drop, reason) from what the judge measured (`measure_task`'s dict, or a judge failure)."""
     seconds = {k: measured.get(k) for k in PHASES}
@@ -162,7 +179,8 @@ def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> 
 
 
 def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[[Task, FilterResult], None],
-               checked: dict[str, dict] | None = None, on_checked: Callable[[Task, dict], None] | None = None) -> None:
+               checked: dict[str, dict] | None = None, on_checked: Callable[[Task, dict], None] | None = None,
+               say: Callable[[str], None] | None = None) -> None:
     """Measure and decide every task on the runner's workers; on_result(task, result) runs in the
     calling thread, once per task, as results arrive (store them there: a killed run keeps them).
 
@@ -175,11 +193,21 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     pass 2 timed them, the tasks that passed pass 1 are not reported; on_checked(task, measurement)
     gets each of them as pass 1 finishes it (store it there), and a re-run given those measurements
     as `checked` ({task.sha256: measurement}) times them without checking and compiling them again
-    (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall)."""
-    from cudagym.eval.batch import chunks_of, open_pool, run_references, timing_shares
+    (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall). say(line), if given,
+    hears a `pass_line` as each pass ends."""
+    from cudagym.eval.batch import chunks_of, open_pool, run_references, strided
 
     tasks, eval_config = list(tasks), config.eval_config()
     checked = dict(checked or {})  # pass 1's measurement of the tasks waiting for pass 2, by sha256
+    seen: list[dict] = []  # this pass's measurements, for its line
+
+    def run_pass(shares: list[list[Task]], mode: str, on_task, description: str, what: str) -> None:
+        seen.clear()
+        t0 = time.monotonic()
+        run_references(pool, shares, mode, lambda task, env, measured: (seen.append(measured), on_task(task, env, measured)),
+                       description)
+        if say:
+            say(pass_line(what, sum(map(len, shares)), time.monotonic() - t0, seen))
 
     def record(task: Task, env: dict, measured: dict) -> None:
         if task.sha256 in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
@@ -200,17 +228,18 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     with open_pool(eval_config, config.parallel, config.runner, config.address) as pool:
         two_pass = config.device.startswith("cuda") if config.two_pass is None else config.two_pass
         if not two_pass:  # the CPU: no GPU lock to wait for
-            run_references(pool, chunks_of(tasks, config.chunk), "filter", record,
-                           f"filter, {config.chunk} tasks per judge")
+            run_pass(chunks_of(tasks, config.chunk), "filter", record, f"filter, {config.chunk} tasks per judge",
+                     "filter")
             return
         to_check = [t for t in tasks if t.sha256 not in checked]
         if to_check:
             chunk = even_chunk(len(to_check), pool.n_workers * config.parallel, config.chunk)
-            run_references(pool, chunks_of(to_check, chunk), "filter-check", record_checked,
-                           f"filter: check and compile, {chunk} tasks per judge")
+            run_pass(chunks_of(to_check, chunk), "filter-check", record_checked,
+                     f"filter: check and compile, {chunk} tasks per judge", "filter check pass")
         to_time = [t for t in tasks if t.sha256 in checked]
-        shares = timing_shares(to_time, pool, config.parallel)
-        run_references(pool, shares, "filter-time", record, f"filter: time, {len(shares)} judges")
+        if to_time:
+            shares = strided(to_time, pool.n_workers * min(config.parallel, config.timing_judges))
+            run_pass(shares, "filter-time", record, f"filter: time, {len(shares)} judges", "filter timing pass")
 
 
 def even_chunk(n: int, slots: int, most: int) -> int:
@@ -222,20 +251,24 @@ def even_chunk(n: int, slots: int, most: int) -> int:
     return max(1, math.ceil(n / (slots * waves)))
 
 
-def eager_times(tasks: list[Task], config: FilterConfig, pool) -> list[float | None]:
+def eager_times(tasks: list[Task], config: FilterConfig, pool, say: Callable[[str], None] | None = None
+                ) -> list[float | None]:
     """Each task's eager time (ms), roughly, measured on an open pool (`batch.open_pool` of
     `config.probe_config()`): the judge's filter-probe mode, which neither checks nor compiles and
     times a few reps. None where it failed, ran out of memory or time. A task whose first and warm
     calls are beyond slow_factor x the window's top gets that warm call's time. The scale search's
     probes: on the H200, timing each probe as the filter times a task (compile included) took longer
-    than a 470 s call for one round of 300 candidates."""
+    than a 470 s call for one round of 300 candidates. say(line), if given, hears a `pass_line`."""
     from cudagym.eval.batch import chunks_of, run_references
 
     measured: dict[str, dict] = {}
     chunk = even_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
+    t0 = time.monotonic()
     run_references(pool, chunks_of(tasks, chunk), "filter-probe",
                    lambda task, env, result: measured.__setitem__(task.id, result),
                    f"scale search: time {len(tasks)} probes, {chunk} per judge")
+    if say:
+        say(pass_line("scale search probes", len(tasks), time.monotonic() - t0, list(measured.values())))
 
     def eager_ms(result: dict | None) -> float | None:
         ok = result is not None and result.get("stage") == "done" and not result.get("error")

@@ -55,7 +55,7 @@ def test_several_tasks_in_one_judge_each_get_their_own_result_even_if_one_kills_
     assert results[2]["accepts"] == []  # tanh of randn: nothing trivial passes
 
 
-def test_timing_shares_hold_every_task_once_and_mix_the_levels():
+def test_strided_shares_hold_every_task_once_and_mix_the_levels():
     tasks = [Task(id=f"L{1 + i // 10}/{i}", name=f"p{i}", code="", level=1 + i // 10, problem_id=i) for i in range(30)]
     shares = strided(tasks, 4)
     assert len(shares) == 4 and sorted(t.problem_id for s in shares for t in s) == list(range(30))

@@ -177,7 +177,7 @@ def test_build_and_publish_from_the_cli(built, tmp_path, capsys):
     assert "someone/cudagym-ops" in (tmp_path / "hub" / "README.md").read_text()
 
 
-def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_path):
+def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_path, capsys):
     """--scale search on the CPU (one round), with a window narrow enough that scale 1 is mostly too
     fast: each candidate's probes and choice are stored, the sized code goes through the filter, and
     the funnel's scale stage counts a reason per candidate it did not size."""
@@ -187,6 +187,8 @@ def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_pat
     funnel = build_dataset(config)
     stages = {s["stage"]: s for s in funnel["stages"]}
     scale = stages["scale"]
+    waves = [line for line in capsys.readouterr().err.splitlines() if line.startswith("scale search probes: ")]
+    assert 2 <= len(waves) <= 3 and all("; judge seconds " in line for line in waves)  # a line per wave of probes
     assert [s["stage"] for s in funnel["stages"]][1:4] == ["compose", "scale", "dedup"]
     assert scale["in"] == stages["compose"]["kept"] and scale["in"] == scale["kept"] + sum(scale["dropped"].values())
     assert stages["dedup"]["in"] == scale["kept"] and set(scale["dropped"]) <= set(REASONS) | {"duplicate"}

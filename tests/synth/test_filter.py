@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
-from cudagym.synth.filter import CPU_WINDOW_MS, GPU_WINDOW_MS, FilterConfig, decide, filter_tasks, run_filter
+from cudagym.synth.filter import CPU_WINDOW_MS, GPU_WINDOW_MS, FilterConfig, decide, filter_tasks, pass_line, run_filter
 from cudagym.tasks import Task
 
 DONE = {"stage": "done", "aten_ops": ["addmm", "tanh"], "stochastic_ops": [], "rerun_mismatch": None,
@@ -225,6 +226,13 @@ def test_inductor_headers_are_built_once_in_the_shared_cache(filtered):
 
 
 @pytest.mark.slow
+def test_a_pass_line_sums_the_judges_seconds_per_phase_over_the_tasks_that_report_them():
+    measured = [{"compile_s": 1.0, "wait_s": 3.0}, {"compile_s": 3.0, "wait_s": 0.5, "timing_s": 0.25}, {"stage": "eager"}]
+    assert pass_line("filter check pass", 3, 12.4, measured) == (
+        "filter check pass: 3 in 12 s; judge seconds compile 4 (median 3.00), timing 0 (median 0.25), wait 4 (median 3.00)")
+    assert pass_line("scale search probes", 1, 0.2, [{}]) == "scale search probes: 1 in 0 s; judge seconds none reported"
+
+
 def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_rerun(tmp_path, monkeypatch):
     """Stopped (Ctrl-C, a call's time limit) before timing, a task that passed its checks has no
     decision yet: it is not reported, while a task a check dropped is. Its checks are handed to
@@ -257,9 +265,11 @@ def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_re
     good = TASKS["good"]
     assert list(checked) == [good.sha256] and checked[good.sha256]["stage"] == "checked"
 
-    rechecked = []
+    rechecked, lines = [], []
     run_filter([good], config, lambda task, result: reported.__setitem__(task.id, result),
-               checked=checked, on_checked=lambda task, measured: rechecked.append(task.id))
+               checked=checked, on_checked=lambda task, measured: rechecked.append(task.id), say=lines.append)
     assert rechecked == []  # pass 1 did not run again
+    [line] = lines  # the timing pass's line, with where its judge's seconds went
+    assert re.fullmatch(r"filter timing pass: 1 in \d+ s; judge seconds .*timing \d+ \(median \d+\.\d\d\).*", line), line
     assert reported["good"].keep and reported["good"].t_eager_ms > 0
     assert reported["good"].compile_s == checked[good.sha256]["compile_s"]  # the first pass's compile, not a rerun's
