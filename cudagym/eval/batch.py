@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from functools import partial
-from itertools import zip_longest
 from pathlib import Path
 from typing import Callable, Container
 
@@ -43,9 +42,6 @@ NO_FILE = "no file for this problem in the submission"
 RUNNERS = ("local", "ray")
 TIMING_JUDGES_PER_GPU = 4  # a baseline run's timing judges: enough to prepare while one holds the GPU, beside its compile judges
 AUDIT_CHUNK = 4  # problems per audit judge
-# Whole networks (KernelBench level 3): on the H200 (session 16) their compiles took up to 180 s where
-# levels 1-2 took seconds, so a baseline run compiles them first, one per judge (`compile_jobs`).
-HEAVY_LEVEL = 3
 # A baseline's dtype names its precision regime, so the cache never mixes them (EvalConfig.precision).
 PRECISION_DTYPES = {"strict": "float32-notf32", "kernelbench": "float32-kernelbench"}
 
@@ -150,17 +146,6 @@ def strided(tasks: list[Task], n: int) -> list[list[Task]]:
     return [tasks[i::n] for i in range(n)]
 
 
-def compile_jobs(tasks: list[Task], chunk: int) -> list[list[Task]]:
-    """The compile judges' tasks, in the order they start: each whole network (level >= HEAVY_LEVEL)
-    alone, every other job, the rest in `chunk`s in their order. The longest compiles start first, so
-    they end long before the timing judges reach them (on the H200 in session 16, last in chunks of 4,
-    two 130-180 s DenseNet compiles ended the run 150 s after every other baseline was stored), while
-    half the compile judges keep ahead of the timing judges on the quick ones."""
-    heavy = [[t] for t in tasks if (t.level or 0) >= HEAVY_LEVEL]
-    rest = chunks_of([t for t in tasks if (t.level or 0) < HEAVY_LEVEL], chunk)
-    return [job for pair in zip_longest(heavy, rest) for job in pair if job]
-
-
 def baseline_timers(parallel: int) -> int:
     """Timing judges per GPU in a baseline run: at most TIMING_JUDGES_PER_GPU and half the judges,
     the rest compiling ahead of them (one judge: it compiles and times in turn)."""
@@ -251,9 +236,10 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
     One pipeline: a few long-lived timing judges per GPU (`baseline_timers`, each with its strided
     share of every level, `strided`) build, compile and time their tasks in order, the GPU held alone
-    while they time; the other judges compile the tasks after each timing judge's first (`compile_jobs`:
-    whole networks first, one per judge, beside the rest in order, `chunk` per judge), so the timing
-    judges mostly find their compiles in the inductor and Triton caches. Timing starts with the first compiled problem and runs while the rest compile.
+    while they time; the other judges compile the tasks after each timing judge's first, `chunk` per
+    judge, in that same order, so the timing judges mostly find their compiles in the inductor and
+    Triton caches. (Level 3's long compiles first, one per judge, was tried on the H200 in session 16
+    and stored fewer: benchmarks/NOTES.md.) Timing starts with the first compiled problem and runs while the rest compile.
     Each baseline is stored the moment its judge writes it (local runner; with Ray, when its judge's
     job returns), so a stopped run keeps every baseline already timed and a rerun times only the
     rest. `progress` (default: lines on stderr) hears of every compile and timing."""
@@ -294,7 +280,7 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
         in_process = getattr(pool, "in_process", False)  # jobs run in threads here: they may report each task
         shares = strided(todo, pool.n_workers * baseline_timers(parallel))
-        ahead = compile_jobs(todo[len(shares):], chunk)  # each timing judge compiles its own first task
+        ahead = chunks_of(todo[len(shares):], chunk)  # each timing judge compiles its own first task
         jobs = [(("time", c), partial(reference_job, c, "baseline", skip(c), on_task=timed if in_process else None))
                 for c in shares]
         # A compile job leaves out the tasks timed by the time it starts (one judge: all of them).

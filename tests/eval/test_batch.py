@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cudagym.eval.batch import compile_jobs, strided, submission_files
+from cudagym.eval.batch import strided, submission_files
 from cudagym.eval.evaluate import EvalConfig, run_reference_jobs
 from cudagym.tasks import Task, TaskError
 
@@ -62,20 +62,6 @@ def test_strided_shares_hold_every_task_once_and_mix_the_levels():
     assert all({t.level for t in s} == {1, 2, 3} for s in shares)  # no judge gets only the heavy level
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
     assert strided(tasks[:2], 4) == [[tasks[0]], [tasks[1]]] and strided([], 4) == []
-
-
-def test_compile_jobs_start_each_whole_network_alone_beside_the_quick_ones_in_order():
-    tasks = [Task(id=f"L{lvl}/{i}", name=f"p{i}", code="", level=lvl, problem_id=i)
-             for lvl, n in ((1, 9), (2, 3), (3, 3)) for i in range(n)]
-    jobs = compile_jobs(tasks, 4)
-    assert sorted(t.id for job in jobs for t in job) == sorted(t.id for t in tasks)  # each task once
-    assert [[t.level for t in job] for job in jobs] == [[3], [1, 1, 1, 1], [3], [1, 1, 1, 1], [3], [1, 2, 2, 2]]
-    quick = [t for job in jobs for t in job if t.level < 3]
-    assert quick == [t for t in tasks if t.level < 3]  # in the timing judges' order
-    unlevelled = [Task(id=f"t{i}", name="t", code="") for i in range(5)]  # a task set without levels: chunks
-    assert compile_jobs(unlevelled, 2) == [unlevelled[:2], unlevelled[2:4], unlevelled[4:]]
-    assert compile_jobs([], 4) == []
-
 
 
 HANGING = TASK.format(body="__import__('time').sleep(300) or x", gen="randn")
