@@ -127,15 +127,18 @@ class FilterResult:
 PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
 
 
-def pass_line(what: str, n: int, seconds: float, measured: list[dict]) -> str:
-    """One line on a pass of judges: its tasks, wall time, and the judges' seconds per phase (sum and
-    median over the tasks that report it): where a faster build has to cut."""
+def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: bool = False) -> str:
+    """One line on a pass of judges: its tasks (those finished of n, when stopped), wall time, and the
+    judges' seconds per phase (sum and median over the tasks that report it): where a faster build has
+    to cut. A stopped pass says so: a pass that never ends is the one whose line matters most."""
     parts = []
     for key in PHASES:
         values = sorted(m[key] for m in measured if isinstance(m.get(key), (int, float)))
         if values:
             parts.append(f"{key[:-2]} {sum(values):.0f} (median {values[len(values) // 2]:.2f})")
-    return f"{what}: {n} in {seconds:.0f} s; judge seconds {', '.join(parts) or 'none reported'}"
+    done = f"{len(measured)} of {n}" if stopped else f"{n}"
+    return (f"{what}: {done} in {seconds:.0f} s{', stopped' if stopped else ''}; "
+            f"judge seconds {', '.join(parts) or 'none reported'}")
 
 
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
@@ -203,11 +206,14 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
 
     def run_pass(shares: list[list[Task]], mode: str, on_task, description: str, what: str) -> None:
         seen.clear()
-        t0 = time.monotonic()
-        run_references(pool, shares, mode, lambda task, env, measured: (seen.append(measured), on_task(task, env, measured)),
-                       description)
-        if say:
-            say(pass_line(what, sum(map(len, shares)), time.monotonic() - t0, seen))
+        t0, stopped = time.monotonic(), True
+        try:
+            run_references(pool, shares, mode,
+                           lambda task, env, measured: (seen.append(measured), on_task(task, env, measured)), description)
+            stopped = False
+        finally:
+            if say:
+                say(pass_line(what, sum(map(len, shares)), time.monotonic() - t0, seen, stopped))
 
     def record(task: Task, env: dict, measured: dict) -> None:
         if task.sha256 in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
@@ -263,12 +269,15 @@ def eager_times(tasks: list[Task], config: FilterConfig, pool, say: Callable[[st
 
     measured: dict[str, dict] = {}
     chunk = even_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
-    t0 = time.monotonic()
-    run_references(pool, chunks_of(tasks, chunk), "filter-probe",
-                   lambda task, env, result: measured.__setitem__(task.id, result),
-                   f"scale search: time {len(tasks)} probes, {chunk} per judge")
-    if say:
-        say(pass_line("scale search probes", len(tasks), time.monotonic() - t0, list(measured.values())))
+    t0, stopped = time.monotonic(), True
+    try:
+        run_references(pool, chunks_of(tasks, chunk), "filter-probe",
+                       lambda task, env, result: measured.__setitem__(task.id, result),
+                       f"scale search: time {len(tasks)} probes, {chunk} per judge")
+        stopped = False
+    finally:
+        if say:
+            say(pass_line("scale search probes", len(tasks), time.monotonic() - t0, list(measured.values()), stopped))
 
     def eager_ms(result: dict | None) -> float | None:
         ok = result is not None and result.get("stage") == "done" and not result.get("error")

@@ -231,6 +231,9 @@ def test_a_pass_line_sums_the_judges_seconds_per_phase_over_the_tasks_that_repor
     assert pass_line("filter check pass", 3, 12.4, measured) == (
         "filter check pass: 3 in 12 s; judge seconds compile 4 (median 3.00), timing 0 (median 0.25), wait 4 (median 3.00)")
     assert pass_line("scale search probes", 1, 0.2, [{}]) == "scale search probes: 1 in 0 s; judge seconds none reported"
+    assert pass_line("filter check pass", 8, 61.0, measured[:2], stopped=True) == (  # Ctrl-C, a call's limit
+        "filter check pass: 2 of 8 in 61 s, stopped; judge seconds compile 4 (median 3.00), timing 0 (median 0.25),"
+        " wait 4 (median 3.00)")
 
 
 def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_rerun(tmp_path, monkeypatch):
@@ -258,9 +261,12 @@ def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_re
 
     threading.Thread(target=stop_after_two_tasks, daemon=True).start()
     config = FilterConfig(device="cpu", chunk=3, task_timeout_s=200.0, seed=1, two_pass=True)
+    stopped_lines = []
     with pytest.raises(KeyboardInterrupt):
         run_filter(tasks, config, lambda task, result: reported.__setitem__(task.id, result),
-                   on_checked=lambda task, measured: checked.__setitem__(task.sha256, measured))
+                   on_checked=lambda task, measured: checked.__setitem__(task.sha256, measured), say=stopped_lines.append)
+    assert len(stopped_lines) == 1 and stopped_lines[0].startswith("filter check pass: 2 of 3 in "), stopped_lines
+    assert ", stopped; judge seconds " in stopped_lines[0]
     assert list(reported) == ["zeros"] and reported["zeros"].reason == "degenerate_zeros"
     good = TASKS["good"]
     assert list(checked) == [good.sha256] and checked[good.sha256]["stage"] == "checked"
