@@ -12,7 +12,8 @@
 # `--scale 32`, the better fixed scale of sessions 5-6, for the comparison; a build folder keeps the
 # scale setting it started with), ROUND (150: candidates a round composes, sizes and filters; on
 # the H200 in session 15 a round of 150 took ~50 s to compose, ~115 s to size and over 75 s to check,
-# so a round of 300 publishes nothing within one call), PARALLEL (16 judges).
+# so a round of 300 publishes nothing within one call), PARALLEL (16 judges), FILTER_FLAGS (e.g.
+# `--filter-passes 1`: each judge checks, compiles and times, for the A/B against the two passes).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 source "$(dirname "$0")/datasets_wheels.sh" /tmp/site-datasets || exit 1  # datasets: publish writes the parquet
@@ -29,7 +30,7 @@ t0=$(date +%s)
 # -k 60: publishing after the stop takes seconds; a hung shutdown is killed, its store still holds every decision.
 timeout -k 60 -s INT "$LIMIT" python3 -m cudagym dataset build --device cuda --out "$BUILD" --composer programmatic \
   --target "${TARGET:-6000}" ${SCALE_FLAGS:---scale search} --round-size "${ROUND:-150}" --max-rounds 1000 \
-  --parallel "${PARALLEL:-16}" >> "$OUT/build.log" 2>&1
+  --parallel "${PARALLEL:-16}" ${FILTER_FLAGS:-} >> "$OUT/build.log" 2>&1
 rc=$? WALL=$(( $(date +%s) - t0 ))
 echo "build rc=$rc wall $WALL s, $(date -u)" | tee -a "$OUT/build.log"
 kill $SAMPLER

@@ -78,6 +78,10 @@ class BuildConfig:
     max_eager_ms: float | None = None
     task_timeout_s: float = 300.0
     parallel: int = 2
+    # The GPU filter's passes: 2 (check and compile every candidate, then time the survivors), or 1
+    # (each judge checks, compiles and times its tasks); None: 2 on a GPU (filter.run_filter). Since
+    # session 16 a filter judge compiles outside the GPU lock, which is what made one pass slow.
+    filter_passes: int | None = None
     runner: str = "local"
     address: str | None = None
     llm: object | None = None  # cudagym.synth.llm.LLMConfig for composer "llm"
@@ -89,6 +93,8 @@ class BuildConfig:
             raise ValueError("oversample must be >= 1")
         if self.max_rounds < 0 or (self.round_size is not None and self.round_size < 1):
             raise ValueError("max_rounds must be >= 0 and round_size >= 1")
+        if self.filter_passes not in (None, 1, 2):
+            raise ValueError(f"filter_passes must be 1 or 2, got {self.filter_passes}")
         self.compose_config(0)
         self.filter_config()
         if self.scale_search:
@@ -103,7 +109,9 @@ class BuildConfig:
                              transformers_share=self.transformers_share)
 
     def filter_config(self) -> FilterConfig:
+        two_pass = None if self.filter_passes is None else self.filter_passes == 2
         return FilterConfig(device=self.device, min_eager_ms=self.min_eager_ms, max_eager_ms=self.max_eager_ms,
+                            two_pass=two_pass,
                             task_timeout_s=self.task_timeout_s, parallel=self.parallel, runner=self.runner,
                             address=self.address)
 
@@ -134,7 +142,8 @@ class BuildConfig:
                  "kb_version": self.kb_version if self.kb_version != "v0.1" else None,
                  "no_transformers": not self.transformers,
                 "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None,
-                 "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None}
+                 "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None,
+                 "filter_passes": self.filter_passes}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):
             flags["k_distribution"] = {str(k): v for k, v in sorted(dict(self.k_distribution).items())}
         if self.scale_search:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 
 import datasets
 import duckdb
@@ -128,6 +129,24 @@ def test_the_store_keeps_a_first_pass_check_until_its_task_is_filtered(tmp_path)
         store.add_filtered("a" * 64, FilterResult(True, "", "", 5.0, 4.0, "NVIDIA H200", 1.25, 0.1, 0.5))
         assert list(store.checked()) == ["b" * 64]
         assert store.filtered()["a" * 64].keep
+
+
+def test_a_build_resumed_with_two_filter_passes_checks_then_times_what_it_adds(built, tmp_path, capsys):
+    """--filter-passes 2 (a GPU's default) on the CPU: the added candidates are checked and compiled in
+    one pass of judges, then the survivors timed in another; the rows already published stay first."""
+    out, _ = built
+    shutil.copytree(out, tmp_path / "copy")
+    before = [r["code"] for r in read_build_rows(out / "dataset")]
+    with BuildStore(out / "build.duckdb") as store:
+        target = sum(r.keep for r in store.filtered().values()) + 2  # more than the first build filtered
+    capsys.readouterr()
+    build_dataset(_config(tmp_path / "copy", target=target, filter_passes=2))
+    passes = [line.split(":")[0] for line in capsys.readouterr().err.splitlines() if line.startswith("filter ")]
+    assert passes and set(passes) == {"filter check pass", "filter timing pass"}, passes
+    rows = read_build_rows(tmp_path / "copy" / "dataset")
+    assert len(rows) == target and [r["code"] for r in rows[:TARGET]] == before
+    with pytest.raises(ValueError, match="filter_passes"):
+        _config(tmp_path, filter_passes=3)
 
 
 def test_other_settings_refuse_the_same_folder(built):

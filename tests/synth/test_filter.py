@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import pytest
@@ -279,3 +280,42 @@ def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_re
     assert re.fullmatch(r"filter timing pass: 1 in \d+ s; judge seconds .*timing \d+ \(median \d+\.\d\d\).*", line), line
     assert reported["good"].keep and reported["good"].t_eager_ms > 0
     assert reported["good"].compile_s == checked[good.sha256]["compile_s"]  # the first pass's compile, not a rerun's
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["check-pass", "timing-pass"])
+def test_a_filter_judge_compiles_outside_the_gpu_lock_and_checks_inside_it(tmp_path, monkeypatch, checked):
+    """The judge's own code in this process, on the CPU with a real lock file: its eager checks and the
+    compiled model's comparison run under the GPU lock, torch.compile's first call outside it (held
+    shared through a compile, every judge waiting to time waited for it; judge.autotuning_locked puts
+    the autotuner's GPU benchmarks back under it)."""
+    import fcntl
+
+    from cudagym.eval import judge
+
+    lock = str(tmp_path / "gpu.lock")
+
+    def lock_held() -> bool:  # a flock of another open file of the same lock conflicts with ours, if held
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    held_during: dict[str, list[bool]] = {"compile": [], "reference": []}
+    compile_reference, run_reference = judge.compile_reference, judge.run_reference
+    monkeypatch.setattr(judge, "compile_reference",
+                        lambda *a, **k: (held_during["compile"].append(lock_held()), compile_reference(*a, **k))[1])
+    monkeypatch.setattr(judge, "run_reference",
+                        lambda *a, **k: (held_during["reference"].append(lock_held()), run_reference(*a, **k))[1])
+    req = judge.Request(mode="filter", ref_code=TASKS["good"].code, workdir=str(tmp_path), lock_path=lock, seed=3,
+                        min_reps=3, max_reps=5, max_timing_s=0.2)
+    out = judge.measure_task(judge.Evaluation(req), timed=True, checked=checked)
+    assert out["stage"] == "done" and not out.get("error") and out["t_eager_ms"] > 0, out
+    assert held_during["compile"] == [False]
+    if checked:  # the timing pass: no checks, no comparison
+        assert held_during["reference"] == []
+    else:  # the checks' calls, then the compiled model's comparison
+        assert len(held_during["reference"]) >= 3 and all(held_during["reference"])
