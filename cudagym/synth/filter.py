@@ -23,6 +23,7 @@ generation as an evaluation), which measures; `decide` here turns the measuremen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -141,6 +142,19 @@ def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: 
             f"judge seconds {', '.join(parts) or 'none reported'}")
 
 
+@contextlib.contextmanager
+def reported_pass(say: Callable[[str], None] | None, what: str, n: int, measured: Iterable[dict]):
+    """Around a pass of judges of n tasks: say its `pass_line` (over `measured`, as filled by then)
+    when it ends, or is stopped."""
+    t0, stopped = time.monotonic(), True
+    try:
+        yield
+        stopped = False
+    finally:
+        if say:
+            say(pass_line(what, n, time.monotonic() - t0, list(measured), stopped))
+
+
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
     """Keep or (drop, reason) from what the judge measured (`measure_task`'s dict, or a judge failure)."""
     seconds = {k: measured.get(k) for k in PHASES}
@@ -202,18 +216,12 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
 
     tasks, eval_config = list(tasks), config.eval_config()
     checked = dict(checked or {})  # pass 1's measurement of the tasks waiting for pass 2, by sha256
-    seen: list[dict] = []  # this pass's measurements, for its line
 
     def run_pass(shares: list[list[Task]], mode: str, on_task, description: str, what: str) -> None:
-        seen.clear()
-        t0, stopped = time.monotonic(), True
-        try:
+        seen: list[dict] = []  # the pass's measurements, for its line
+        with reported_pass(say, what, sum(map(len, shares)), seen):
             run_references(pool, shares, mode,
                            lambda task, env, measured: (seen.append(measured), on_task(task, env, measured)), description)
-            stopped = False
-        finally:
-            if say:
-                say(pass_line(what, sum(map(len, shares)), time.monotonic() - t0, seen, stopped))
 
     def record(task: Task, env: dict, measured: dict) -> None:
         if task.sha256 in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
@@ -269,15 +277,10 @@ def eager_times(tasks: list[Task], config: FilterConfig, pool, say: Callable[[st
 
     measured: dict[str, dict] = {}
     chunk = even_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
-    t0, stopped = time.monotonic(), True
-    try:
+    with reported_pass(say, "scale search probes", len(tasks), measured.values()):
         run_references(pool, chunks_of(tasks, chunk), "filter-probe",
                        lambda task, env, result: measured.__setitem__(task.id, result),
                        f"scale search: time {len(tasks)} probes, {chunk} per judge")
-        stopped = False
-    finally:
-        if say:
-            say(pass_line("scale search probes", len(tasks), time.monotonic() - t0, list(measured.values()), stopped))
 
     def eager_ms(result: dict | None) -> float | None:
         ok = result is not None and result.get("stage") == "done" and not result.get("error")
