@@ -17,6 +17,7 @@ kernel, at worst a miss. A bundle of another torch version is refused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -89,17 +90,24 @@ def _local_artifacts(folder: Path) -> list[tuple[Path, dict]]:
     return found
 
 
+@contextlib.contextmanager
+def _quiet_torch_cache():
+    """torch logs a traceback for a blob it cannot read: the caller says it in one line instead."""
+    logger = logging.getLogger("torch.compiler._cache")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _artifacts_of(data: bytes) -> dict | None:
     """{(kind, key): torch's CacheArtifact} of one saved file; None if it is not torch's serialization."""
     from torch.compiler._cache import CacheArtifactManager
 
-    quiet = logging.getLogger("torch.compiler._cache")  # torch logs a traceback for a blob it cannot read
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
+    with _quiet_torch_cache():
         found = CacheArtifactManager.deserialize(data)
-    finally:
-        quiet.setLevel(level)
     return None if found is None else {(kind, a.key): a for kind, arts in found.items() for a in arts}
 
 
@@ -203,10 +211,8 @@ def import_cache(path: str | Path) -> dict:
     artifacts_dir()  # the judges' cache folders, where the loaded artifacts must land
     import torch
 
-    quiet = logging.getLogger("torch.compiler._cache")  # torch logs a traceback for a blob it cannot read
-    level, loaded = quiet.level, 0
-    quiet.setLevel(logging.ERROR)
-    try:
+    loaded = 0
+    with _quiet_torch_cache():
         with zipfile.ZipFile(path) as bundle:
             for entry in manifest["artifacts"]:
                 try:
@@ -218,6 +224,4 @@ def import_cache(path: str | Path) -> dict:
                 if info is None:
                     raise CacheError(f"{path}: {entry.get('file')} does not load: not torch's cache artifacts")
                 loaded += 1
-    finally:
-        quiet.setLevel(level)
     return {"artifacts": loaded, "keys": sum(len(v) for e in manifest["artifacts"] for v in e["keys"].values())}
