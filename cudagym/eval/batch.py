@@ -239,7 +239,8 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
     while they time; the other judges compile the tasks after each timing judge's first, `chunk` per
     judge, in that same order, so the timing judges mostly find their compiles in the inductor and
     Triton caches. (Level 3's long compiles first, one per judge, was tried on the H200 in session 16
-    and stored fewer: benchmarks/NOTES.md.) Timing starts with the first compiled problem and runs while the rest compile.
+    and stored fewer: benchmarks/NOTES.md.) Timing starts with the first compiled problem and runs
+    while the rest compile.
     Each baseline is stored the moment its judge writes it (local runner; with Ray, when its judge's
     job returns), so a stopped run keeps every baseline already timed and a rerun times only the
     rest. `progress` (default: lines on stderr) hears of every compile and timing."""

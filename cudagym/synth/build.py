@@ -27,7 +27,6 @@ import logging
 import math
 import platform
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -200,10 +199,10 @@ class BuildStore:
         if row is None:
             self.db.execute("INSERT INTO meta VALUES ('identity', ?)", [json.dumps(identity, sort_keys=True)])
             return
-        old = json.loads(row[0])
+        old, new = json.loads(row[0]), json.loads(json.dumps(identity))  # both as JSON has them
         old.get("scale_search", {}).pop("probes", None)  # in the identity until session 16 (see identity)
-        if old != json.loads(json.dumps(identity, sort_keys=True)):
-            diff = sorted(k for k in set(old) | set(identity) if old.get(k) != json.loads(json.dumps(identity)).get(k))
+        if old != new:
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             raise TaskError(f"this build folder was made with other settings ({', '.join(diff)}); "
                             "use another --out or the same settings")
 
@@ -420,12 +419,10 @@ def filter_stage(store: BuildStore, config: BuildConfig, seqs: set[int], run: in
     done = store.filtered()
     candidates = [(seq, task) for seq, task in store.candidates() if seq in seqs]
     todo = [task for _, task in candidates if task.sha256 not in done][:run]
-    if todo:
-        t0 = time.monotonic()
+    if todo:  # each pass of judges says its line (filter.pass_line)
         run_filter(todo, config.filter_config(), lambda task, result: store.add_filtered(task.sha256, result),
                    checked=store.checked(), on_checked=lambda task, measured: store.add_checked(task.sha256, measured),
                    say=_say)
-        log.info("filter: %d candidates in %.0f s", len(todo), time.monotonic() - t0)
         done = store.filtered()
     kept = {seq for seq, task in candidates if task.sha256 in done and done[task.sha256].keep}
     dropped = Counter(done[task.sha256].reason if task.sha256 in done else "not_needed"

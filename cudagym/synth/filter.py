@@ -201,12 +201,14 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     """Measure and decide every task on the runner's workers; on_result(task, result) runs in the
     calling thread, once per task, as results arrive (store them there: a killed run keeps them).
 
-    On a GPU, in two passes, as the baselines are: checking and compiling a task holds the GPU's
-    shared lock for seconds, and a judge waiting to time blocks every other judge until all those
-    holders are done, so one pass of many judges spends most of its time waiting (H200, 32 judges:
-    ~40 judge-seconds per task against ~3 s of work). Pass 1 checks and compiles every task, nothing
-    timed; pass 2 only times the tasks that passed (no checks again: on the H200 the checks kept the
-    GPU busy), on a few long-lived judges per GPU whose compiles are now cache hits. Stopped before
+    On a GPU, by default in two passes, as the baselines are: checking and compiling a task held the
+    GPU's shared lock for seconds, and a judge waiting to time blocked every other judge until all
+    those holders were done, so one pass of many judges spent most of its time waiting (H200, 32
+    judges: ~40 judge-seconds per task against ~3 s of work). Since session 16 the compile runs outside
+    the lock (judge._measure_task); `two_pass=False` is one pass again, to measure against two. Pass 1
+    checks and compiles every task, nothing timed; pass 2 only times the tasks that passed (no checks
+    again: on the H200 the checks kept the GPU busy), on `timing_judges` long-lived judges per GPU
+    whose compiles are now cache hits. Stopped before
     pass 2 timed them, the tasks that passed pass 1 are not reported; on_checked(task, measurement)
     gets each of them as pass 1 finishes it (store it there), and a re-run given those measurements
     as `checked` ({task.sha256: measurement}) times them without checking and compiling them again
@@ -241,7 +243,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
 
     with open_pool(eval_config, config.parallel, config.runner, config.address) as pool:
         two_pass = config.device.startswith("cuda") if config.two_pass is None else config.two_pass
-        if not two_pass:  # the CPU: no GPU lock to wait for
+        if not two_pass:  # the CPU (no GPU lock to wait for), or one pass asked for
             run_pass(chunks_of(tasks, config.chunk), "filter", record, f"filter, {config.chunk} tasks per judge",
                      "filter")
             return
