@@ -140,6 +140,21 @@ def chunks_of(tasks: list[Task], size: int) -> list[list[Task]]:
     return [tasks[i:i + size] for i in range(0, len(tasks), size)]
 
 
+def compile_chunks(tasks: list[Task], size: int) -> list[list[Task]]:
+    """A baseline run's compile jobs, in the tasks' order: `size` tasks a judge, but a level-3 task (a
+    whole network: its compile can take minutes) alone. On the H200 one judge's chunk of four held three
+    DenseNets and ResNets, 370 s of compiles in a row, and the cold run waited for the last of them."""
+    chunks: list[list[Task]] = []
+    for task in tasks:
+        if task.level >= 3:
+            chunks.append([task])
+        elif chunks and len(chunks[-1]) < size and chunks[-1][-1].level < 3:
+            chunks[-1].append(task)
+        else:
+            chunks.append([task])
+    return chunks
+
+
 def strided(tasks: list[Task], n: int) -> list[list[Task]]:
     """At most n shares of the tasks, dealt out in turn: each share has its part of every level."""
     n = min(n, len(tasks))
@@ -237,10 +252,12 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
     One pipeline: a few long-lived timing judges per GPU (`baseline_timers`, each with its strided
     share of every level, `strided`) build, compile and time their tasks in order, the GPU held alone
     while they time; the other judges compile the tasks after each timing judge's first, `chunk` per
-    judge, in that same order, so the timing judges mostly find their compiles in the inductor and
-    Triton caches. (Level 3's long compiles first, one per judge, was tried on the H200 in session 16
-    and stored fewer: benchmarks/NOTES.md.) Timing starts with the first compiled problem and runs
-    while the rest compile.
+    judge but a level-3 network alone (`compile_chunks`), in that same order, so the timing judges
+    mostly find their compiles in the inductor and Triton caches. A judge claims a problem while it
+    compiles it (`judge.reference_compile_claim`): a timing judge waits for a compile under way rather
+    than compiling the same graph beside it, a compile judge leaves such a problem. (Level 3's long
+    compiles first was tried on the H200 in session 16 and stored fewer: benchmarks/NOTES.md.) Timing
+    starts with the first compiled problem and runs while the rest compile.
     Each baseline is stored the moment its judge writes it (local runner; with Ray, when its judge's
     job returns), so a stopped run keeps every baseline already timed and a rerun times only the
     rest. `progress` (default: lines on stderr) hears of every compile and timing."""
@@ -268,6 +285,8 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
         def compiled(task: Task, env: dict, result: dict) -> None:
             with lock:
+                if result.get("compiling_elsewhere"):  # left to the judge compiling it: that one reports it
+                    return
                 if task.id not in warmed:  # a job's end repeats what its judge reported
                     warmed.add(task.id)
                     meter.compiled(task, result)
@@ -281,7 +300,7 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
         in_process = getattr(pool, "in_process", False)  # jobs run in threads here: they may report each task
         shares = strided(todo, pool.n_workers * baseline_timers(parallel))
-        ahead = chunks_of(todo[len(shares):], chunk)  # each timing judge compiles its own first task
+        ahead = compile_chunks(todo[len(shares):], chunk)  # each timing judge compiles its own first task
         jobs = [(("time", c), partial(reference_job, c, "baseline", skip(c), on_task=timed if in_process else None))
                 for c in shares]
         # A compile job leaves out the tasks timed by the time it starts (one judge: all of them).

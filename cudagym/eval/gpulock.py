@@ -132,6 +132,30 @@ def build_folder_lock(folder: str, timeout_s: float, poll_s: float = 0.2):
         os.close(fd)  # drops the flock
 
 
+@contextlib.contextmanager
+def compile_claim(folder: str, key: str, wait_s: float, poll_s: float = 0.5):
+    """Who compiles a reference now, among the judges sharing `folder` (a machine's lock folder):
+    an exclusive flock on `<folder>/compiles/<key>`. Yields whether this process holds it, after
+    waiting for it at most wait_s (0: not at all). The kernel drops a killed judge's flock, so a claim
+    never outlives its compile; the small files stay (one per problem compiled)."""
+    fd = _open(os.path.join(prepare_lock_dir(os.path.join(folder, "compiles")), key))
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    held = False
+                    break
+                time.sleep(poll_s)
+        yield held
+    finally:
+        os.close(fd)  # drops the flock
+
+
 WAITING = "w"  # ledger keys "w<pid>": when that judge began to wait (ms, wall clock); a waiting judge holds no bytes
 FAIR_AFTER_S = 30.0  # a judge that has waited this long is overtaken by nobody who came after it
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from cudagym.eval.batch import strided, submission_files
+from cudagym.eval.batch import compile_chunks, strided, submission_files
 from cudagym.eval.evaluate import EvalConfig, run_reference_jobs
 from cudagym.tasks import Task, TaskError
 
@@ -65,6 +67,73 @@ def test_strided_shares_hold_every_task_once_and_mix_the_levels():
 
 
 HANGING = TASK.format(body="__import__('time').sleep(300) or x", gen="randn")
+
+
+def test_compile_chunks_keep_the_order_and_give_each_level_3_network_a_judge_of_its_own():
+    tasks = [Task(id=f"L{level}/{i}", name=f"p{i}", code="", level=level, problem_id=i)
+             for level, n in ((1, 5), (2, 3), (3, 3)) for i in range(n)]
+    chunks = compile_chunks(tasks, 2)
+    assert [t.id for c in chunks for t in c] == [t.id for t in tasks]
+    assert [[t.id for t in c] for c in chunks] == [
+        ["L1/0", "L1/1"], ["L1/2", "L1/3"], ["L1/4", "L2/0"], ["L2/1", "L2/2"], ["L3/0"], ["L3/1"], ["L3/2"]]
+    mixed = [tasks[8], tasks[0], tasks[1], tasks[9]]  # a level-3 task never shares a chunk, before or after
+    assert [[t.id for t in c] for c in compile_chunks(mixed, 4)] == [["L3/0"], ["L1/0", "L1/1"], ["L3/1"]]
+
+
+def test_a_compile_judge_leaves_a_problem_another_judge_compiles_and_a_timing_judge_waits_for_it():
+    """The claim a baseline run's judges take on a problem while they compile it (real judges, CPU):
+    a compile ("warm") judge that finds it held reports the problem as compiling elsewhere at once;
+    a timing judge waits for the holder and then compiles and times it."""
+    import threading
+
+    from cudagym.eval.gpulock import compile_claim, lock_dir
+    from cudagym.eval.judge import compile_claim_key
+
+    config = EvalConfig(device="cpu", n_checks=2, timeout_s=120)
+    t = task(7, body="torch.relu(x) * 3 + 1.25", gen="randn")
+    key = compile_claim_key("cpu", config.precision, t.code)
+    release = threading.Event()
+
+    def hold(held_at: list) -> None:
+        with compile_claim(lock_dir(), key, wait_s=0) as held:
+            held_at.append(held)
+            release.wait(60)
+
+    held_at: list = []
+    holder = threading.Thread(target=hold, args=(held_at,))
+    holder.start()
+    try:
+        while not held_at:
+            time.sleep(0.01)
+        assert held_at == [True]
+        [warm] = run_reference_jobs([t], "warm", config)
+        assert warm.get("compiling_elsewhere") is True and "compile_s" not in warm
+        threading.Thread(target=release_when_a_judge_waits, args=(release,), daemon=True).start()
+        [timed] = run_reference_jobs([t], "baseline", config)
+    finally:
+        release.set()
+        holder.join()
+    assert timed["t_eager_ms"] > 0 and timed["compile_s"] > 0
+    assert timed["phase_s"]["other compile"] >= 1.0  # it waited for the claim
+
+
+def release_when_a_judge_waits(release, wait_s: float = 1.0) -> None:
+    """Set `release` wait_s after a judge notes that it waits for another judge's compile (its phase file)."""
+    import glob
+    import tempfile
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not release.is_set():
+        for path in glob.glob(os.path.join(tempfile.gettempdir(), "cudagym-judge-*", "phase.json")):
+            try:
+                if "another judge's compile" in Path(path).read_text():
+                    time.sleep(wait_s)
+                    release.set()
+                    return
+            except OSError:
+                pass
+        time.sleep(0.05)
+    release.set()
 
 
 def test_a_stopped_batch_keeps_what_its_judges_had_finished_and_starts_nothing_new(tmp_path, monkeypatch):

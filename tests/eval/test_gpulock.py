@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cudagym.eval.gpulock import build_folder_lock, gpu_lock
+from cudagym.eval.gpulock import build_folder_lock, compile_claim, gpu_lock
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -153,6 +153,33 @@ def test_a_build_folder_has_one_builder_and_its_holder_clears_dead_builds_batons
         holder.wait()
     with build_folder_lock(str(folder), timeout_s=5):
         pass
+
+
+def test_a_compile_claim_has_one_holder_others_skip_or_wait_and_a_killed_holder_frees_it(tmp_path):
+    """A baseline run's judges claim a problem while they compile it: with no wait the claim is
+    refused while another process holds it; with a wait it is had once that process is gone."""
+    code = "import sys, time\nfrom cudagym.eval.gpulock import compile_claim\n" \
+           "with compile_claim(sys.argv[1], 'k1', 0) as held:\n    print(held, flush=True)\n    time.sleep(60)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=dict(os.environ, PYTHONPATH=REPO),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "True\n"
+        with compile_claim(str(tmp_path), "k1", wait_s=0) as held:
+            assert held is False
+        with compile_claim(str(tmp_path), "k2", wait_s=0) as held:  # another problem is free
+            assert held is True
+        t0 = time.monotonic()
+        with compile_claim(str(tmp_path), "k1", wait_s=0.6, poll_s=0.1) as held:
+            assert held is False and time.monotonic() - t0 >= 0.6
+        killer = subprocess.Popen(["sh", "-c", f"sleep 0.5; kill -9 {holder.pid}"])
+        t0 = time.monotonic()
+        with compile_claim(str(tmp_path), "k1", wait_s=30, poll_s=0.1) as held:
+            assert held is True and 0.3 < time.monotonic() - t0 < 20
+        killer.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert oct((tmp_path / "compiles").stat().st_mode & 0o7777) == "0o1777"  # shared like the lock folder
 
 
 def test_memory_reservations_that_do_not_fit_together_run_one_after_the_other(tmp_path):
