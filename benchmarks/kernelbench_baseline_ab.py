@@ -203,7 +203,7 @@ def rel(theirs: float | None, ours: float | None) -> float | None:
 
 def compare(theirs_path: Path, db: Path, ours_wall_s: float, precision: str, timing_mode: str = "strict") -> dict:
     """The side-by-side from their rows and cudagym's store (the same problems, by code hash)."""
-    from cudagym.eval.batch import PRECISION_DTYPES
+    from cudagym.eval.batch import PRECISION_DTYPES, baseline_method
     from cudagym.eval.store import Store
 
     metas, rows = read_theirs(theirs_path)
@@ -211,7 +211,8 @@ def compare(theirs_path: Path, db: Path, ours_wall_s: float, precision: str, tim
     flags = ours_flags(precision)
     with Store(db) as store:
         stored = store.sql("SELECT problem_sha256, gpu, t_eager_ms, t_compile_ms FROM baselines"
-                           " WHERE dtype = ? AND timing_mode = ?", [PRECISION_DTYPES[precision], timing_mode])
+                           " WHERE dtype = ? AND timing_mode = ?",  # on the H200 its column says strict-queued
+                           [PRECISION_DTYPES[precision], baseline_method(timing_mode, gpu or "cpu")])
     ours = {sha: (eager, comp) for sha, g, eager, comp in stored if gpu is None or g == gpu}
     table = []
     for row in sorted(rows, key=lambda r: (r["level"] or 0, r["problem_id"] or 0)):

@@ -50,8 +50,13 @@ def baseline_key(task: Task, env: dict, timing_mode: str, precision: str = "stri
     """The cache key of a task's baseline on a machine: fp32 with TF32 off (precision strict) or
     torch's defaults (kernelbench) are different dtypes. Strict on a GPU names its method (launches
     queued behind a spin, timing.Timer), so a store timed by the earlier event window is never mixed with it."""
-    method = f"{timing_mode}-queued" if timing_mode == "strict" and env["gpu"] != "cpu" else timing_mode
-    return BaselineKey(task.sha256, env["gpu"], env["torch"], env["cuda"], PRECISION_DTYPES[precision], method)
+    return BaselineKey(task.sha256, env["gpu"], env["torch"], env["cuda"], PRECISION_DTYPES[precision],
+                       baseline_method(timing_mode, env["gpu"]))
+
+
+def baseline_method(timing_mode: str, gpu: str) -> str:
+    """The baselines table's timing_mode column: strict on a GPU is `strict-queued` (see baseline_key)."""
+    return f"{timing_mode}-queued" if timing_mode == "strict" and gpu != "cpu" else timing_mode
 
 
 def audit_key(task: Task, env: dict, config: EvalConfig) -> AuditKey:
@@ -138,21 +143,6 @@ def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], wo
 
 def chunks_of(tasks: list[Task], size: int) -> list[list[Task]]:
     return [tasks[i:i + size] for i in range(0, len(tasks), size)]
-
-
-def compile_chunks(tasks: list[Task], size: int) -> list[list[Task]]:
-    """A baseline run's compile jobs, in the tasks' order: `size` tasks a judge, but a level-3 task (a
-    whole network: its compile can take minutes) alone. On the H200 one judge's chunk of four held three
-    DenseNets and ResNets, 370 s of compiles in a row, and the cold run waited for the last of them."""
-    chunks: list[list[Task]] = []
-    for task in tasks:
-        if task.level >= 3:
-            chunks.append([task])
-        elif chunks and len(chunks[-1]) < size and chunks[-1][-1].level < 3:
-            chunks[-1].append(task)
-        else:
-            chunks.append([task])
-    return chunks
 
 
 def strided(tasks: list[Task], n: int) -> list[list[Task]]:
@@ -244,20 +234,19 @@ def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, 
 
 
 def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel: int = 1,
-                  chunk: int = 4, runner: str = "local", address: str | None = None,
+                  runner: str = "local", address: str | None = None,
                   progress: "BaselineProgress | None" = None) -> dict[str, dict]:
     """Time eager and torch.compile for every task not cached yet for the workers' machines (a
     cluster of one GPU model times each task once); returns {task.id: record}.
 
     One pipeline: a few long-lived timing judges per GPU (`baseline_timers`, each with its strided
     share of every level, `strided`) build, compile and time their tasks in order, the GPU held alone
-    while they time; the other judges compile the tasks after each timing judge's first, `chunk` per
-    judge but a level-3 network alone (`compile_chunks`), in that same order, so the timing judges
-    mostly find their compiles in the inductor and Triton caches. A judge claims a problem while it
-    compiles it (`judge.reference_compile_claim`): a timing judge waits for a compile under way rather
-    than compiling the same graph beside it, a compile judge leaves such a problem. (Level 3's long
-    compiles first was tried on the H200 in session 16 and stored fewer: benchmarks/NOTES.md.) Timing
-    starts with the first compiled problem and runs while the rest compile.
+    while they time; the other judges, long-lived too, compile the tasks after each timing judge's first
+    in that same order, as one queue (`judge.reference_compile_claim`), so the timing judges mostly find
+    their compiles in the inductor and Triton caches, and wait for a compile under way rather than
+    compiling the same graph beside it. (Level 3's long compiles first was tried on the H200 in session
+    16 and stored fewer: benchmarks/NOTES.md.) Timing starts with the first compiled problem and runs
+    while the rest compile.
     Each baseline is stored the moment its judge writes it (local runner; with Ray, when its judge's
     job returns), so a stopped run keeps every baseline already timed and a rerun times only the
     rest. `progress` (default: lines on stderr) hears of every compile and timing."""
@@ -285,7 +274,7 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
         def compiled(task: Task, env: dict, result: dict) -> None:
             with lock:
-                if result.get("compiling_elsewhere"):  # left to the judge compiling it: that one reports it
+                if result.get("compiled_elsewhere"):  # another judge compiled it, or compiles it: it reports it
                     return
                 if task.id not in warmed:  # a job's end repeats what its judge reported
                     warmed.add(task.id)
@@ -299,14 +288,16 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
                     (timed if stage == "time" else compiled)(task, env, by_id[task.id])
 
         in_process = getattr(pool, "in_process", False)  # jobs run in threads here: they may report each task
-        shares = strided(todo, pool.n_workers * baseline_timers(parallel))
-        ahead = compile_chunks(todo[len(shares):], chunk)  # each timing judge compiles its own first task
+        timers = baseline_timers(parallel)
+        shares = strided(todo, pool.n_workers * timers)
+        ahead = todo[len(shares):]  # each timing judge compiles its own first task
         jobs = [(("time", c), partial(reference_job, c, "baseline", skip(c), on_task=timed if in_process else None))
                 for c in shares]
-        # A compile job leaves out the tasks timed by the time it starts (one judge: all of them).
-        jobs += [(("compile", c), partial(reference_job, c, "warm", skip(c), on_task=compiled if in_process else None,
-                                          done=results if in_process else ()))
-                 for c in ahead]
+        # The compile judges: each walks the whole list, taking the next problem nobody has compiled or
+        # claimed (judge.reference_compile_claim), so together they work through it as one queue.
+        jobs += [(("compile", ahead), partial(reference_job, ahead, "warm", skip(ahead),
+                                              on_task=compiled if in_process else None))
+                 for _ in range(pool.n_workers * (parallel - timers) if ahead else 0)]
         try:
             if jobs:
                 pool.run(jobs, record, f"baselines: {len(shares)} timing, {len(ahead)} compile jobs", len(jobs))

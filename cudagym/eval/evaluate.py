@@ -426,7 +426,8 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
     """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
     A task that does not finish within one task's budget times out there (its judge is killed then,
     not after the n budgets of its n tasks). The tasks after it, those of a judge that died, and
-    those that ran out of memory beside other judges are run again one per process. If the batch
+    those that ran out of memory beside other judges are run again one per process (compile-ahead
+    `warm` judges: the tasks after the one it ended on, in one new judge). If the batch
     is stopped, the tasks the judge had not finished are None. on_result(i, result) is called (in
     this thread) once with each task's final result the moment it is known, while the judge runs on."""
     reported: set[int] = set()
@@ -444,6 +445,16 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
     except Interrupted as stopped:  # what the judge finished before it was stopped counts; nothing else
         return (stopped.results + [None] * len(tasks))[:len(tasks)]
     done = judged.get("results") or []
+    if mode == "warm" and len(done) + 1 < len(tasks):
+        # A compile-ahead judge walks a whole baseline run's queue: the problems after the one it ended on
+        # go to one new judge, not one process each (hundreds of process starts, for compiles that a
+        # timing judge would do anyway). The one it ended on is its result: nothing waits on a warm compile.
+        ended = ({"status": "timeout", "reason": judged["reason"]} if judged.get("stalled")
+                 else {k: v for k, v in judged.items() if k != "results"})
+        report(len(done), ended)
+        later = run_reference_jobs(tasks[len(done) + 1:], mode, config, compile_baseline,
+                                   on_result=(lambda i, result: report(len(done) + 1 + i, result)) if on_result else None)
+        return done + [ended] + later
     results = []
     for i, task in enumerate(tasks):
         result = done[i] if i < len(done) else None

@@ -1014,6 +1014,7 @@ def environment(device: str) -> dict:
 
 # How long a timing judge waits for another judge's compile of its problem before compiling it itself.
 COMPILE_CLAIM_WAIT_S = 300.0
+COMPILED_MARKS = "cudagym-compiled"  # in the inductor cache: one empty file per problem compiled into it
 
 
 def compile_claim_key(device: str, precision: str, ref_code: str) -> str:
@@ -1021,26 +1022,48 @@ def compile_claim_key(device: str, precision: str, ref_code: str) -> str:
     return hashlib.sha256(f"{device}\0{precision}\0{ref_code}".encode()).hexdigest()[:32]
 
 
+def compiled_mark(req: Request) -> str | None:
+    """The file that says this problem is compiled into this machine's inductor cache: there, not in the
+    lock folder, since a fresh cache (a new CUDAGYM_CACHE, an imported bundle) has compiled nothing yet."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return os.path.join(cache, COMPILED_MARKS, compile_claim_key(req.device, req.precision, req.ref_code)) if cache else None
+
+
 @contextlib.contextmanager
 def reference_compile_claim(req: Request):
-    """A baseline run's judges claim a problem while they compile it (`gpulock.compile_claim`, in the
-    machine's lock folder): a timing judge that reaches a problem a compile judge is compiling waits
-    for that compile and then finds it in the shared caches, and a compile judge leaves a problem
-    another judge is compiling. Both used to compile the same graph side by side: on the H200 a timing
-    judge spent 181 s on a DenseNet its compile judge had begun, the cold run's last 90 s (NOTES.md).
-    Yields whether this judge may go on (a timing judge always may, at worst after the wait)."""
+    """The work queue of a baseline run's compile judges, and what keeps two judges off one compile.
+    Every compile (`warm`) judge walks the same list of problems in the same order and takes the next
+    one no judge has compiled (`compiled_mark`) or claims now (`gpulock.compile_claim`, in the machine's
+    lock folder): a dozen long-lived judges share the work as a queue would, paying the process start
+    and inductor's first compile (~10 s each) once, not once per chunk. A timing judge that reaches a
+    problem under way waits for that compile and then finds it in the shared caches; before, it
+    compiled the same graph beside it (on the H200 a timing judge spent 181 s on a DenseNet its compile
+    judge had begun, the cold run's last 90 s). Yields whether this judge goes on with the problem:
+    a timing judge always does (at worst after the wait), a compile judge only with the claim."""
     folder = req.lock_dir or (os.path.dirname(req.lock_path) if req.lock_path else None)
     if not folder or not (req.mode == "warm" or req.compile_baseline):
         yield True
         return
+    warm, mark = req.mode == "warm", compiled_mark(req)
+    if mark and os.path.exists(mark):  # compiled: a timing judge finds it in the caches
+        yield not warm
+        return
     key = compile_claim_key(req.device, req.precision, req.ref_code)
     with compile_claim(folder, key, wait_s=0.0) as held:
-        if held or req.mode == "warm":
-            yield held
+        if held or warm:  # held: unless compiled between the look and the claim
+            yield held and not (warm and mark and os.path.exists(mark))
             return
     mark_phase(req, "waiting for another judge's compile of this problem")
     with compile_claim(folder, key, wait_s=COMPILE_CLAIM_WAIT_S):  # then a cache hit; past the wait, a compile
         yield True
+
+
+def mark_compiled(req: Request) -> None:
+    mark = compiled_mark(req)
+    if mark:
+        with contextlib.suppress(OSError):  # a mark that cannot be written costs a cache-hit compile, no more
+            os.makedirs(os.path.dirname(mark), exist_ok=True)
+            open(mark, "a").close()
 
 
 def _reference_phases(req: Request, ev: Evaluation, result: dict, phase_s: dict, t0: float) -> None:
@@ -1056,6 +1079,7 @@ def _reference_phases(req: Request, ev: Evaluation, result: dict, phase_s: dict,
         if req.mode == "warm" or req.compile_baseline:
             with autotuning_locked(req):
                 compiled, result["compile_s"] = compile_reference(ev.model, sets, req.device)
+            mark_compiled(req)
             phase_s["compile"], t0 = time.perf_counter() - t0, time.perf_counter()
         if req.mode == "baseline":
             with timing_turn(req):
@@ -1074,13 +1098,13 @@ def evaluate(req: Request) -> dict:
         # phase_s: where a reference's time goes (waiting for another judge's compile of it, for memory,
         # building it and its inputs, the lock wait included, compiling, waiting for the timing turn,
         # timing), for the baseline run's progress
-        ev, phase_s, t0 = Evaluation(req), {}, time.perf_counter()
-        with reference_compile_claim(req) as held:
-            if not held:  # a compile judge: another judge compiles (or times) this problem now
-                return dict(result, compiling_elsewhere=True)
+        phase_s, t0 = {}, time.perf_counter()
+        with reference_compile_claim(req) as go_on:
+            if not go_on:  # a compile judge: another judge compiled this problem, or compiles it now
+                return dict(result, compiled_elsewhere=True)
             if time.perf_counter() - t0 > 0.5:
                 phase_s["other compile"], t0 = time.perf_counter() - t0, time.perf_counter()
-            _reference_phases(req, ev, result, phase_s, t0)
+            _reference_phases(req, Evaluation(req), result, phase_s, t0)
         result["phase_s"] = {k: round(v, 3) for k, v in phase_s.items()}
         return result
     if req.mode == "audit":
@@ -1424,8 +1448,11 @@ def main(argv: list[str]) -> int:
     else:  # one line per task as it finishes: if this process dies, the driver keeps what is done
         with open(os.path.join(req.workdir, "results.jsonl"), "w") as lines:
             for code in req.ref_codes:
-                lines.write(json.dumps(evaluate_or_explain(dataclasses.replace(req, ref_code=code), sandbox)) + "\n")
+                result = evaluate_or_explain(dataclasses.replace(req, ref_code=code), sandbox)
+                lines.write(json.dumps(result) + "\n")
                 lines.flush()
+                if result.get("compiled_elsewhere"):  # nothing was built: nothing to release
+                    continue
                 if not release_task_memory():
                     break  # a sticky CUDA error: the driver reruns the remaining tasks, each in a new process
         result = {"status": "done"}

@@ -118,3 +118,30 @@ def test_compare_reads_cudagym_store_and_compares_eager_only_where_precision_mat
     result = json.loads(out.read_text())
     assert not result["theirs_complete"] and result["speed_ratio"] == pytest.approx(21.0 / (10 / 2), rel=0.01)
     assert result["eager_compared"] == 0 and result["rows"][0]["precision_match"] is False
+
+
+def test_compare_finds_baselines_a_gpu_stored_under_its_queued_strict_method(tmp_path):
+    """On a GPU a strict baseline's timing_mode column says `strict-queued` (batch.baseline_key): the
+    compare found none of the H200's 15 (session 17) while it asked for `strict`."""
+    from cudagym.eval.batch import baseline_key
+    from cudagym.eval.store import Store
+    from cudagym.tasks import load_task_set
+
+    problems, db = _problems(tmp_path), tmp_path / "ours.duckdb"
+    tasks = load_task_set(str(problems))
+    h200 = {"gpu": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0"}
+    with Store(db) as store:
+        store.put_baseline(baseline_key(tasks[0], h200, "strict", "kernelbench"), {"t_eager_ms": 2.0, "t_compile_ms": 1.0})
+        store.put_baseline(baseline_key(tasks[1], dict(h200, gpu="NVIDIA A100"), "strict", "kernelbench"),
+                           {"t_eager_ms": 2.0, "t_compile_ms": 1.0})
+    theirs = tmp_path / "theirs.jsonl"
+    lines = [{"meta": {"gpu": "NVIDIA H200", "selected": 2, "setup_s": 1.0}}] + [
+        {"id": t.id, "level": t.level, "problem_id": t.problem_id, "name": t.name, "sha256": t.sha256,
+         "precision": "fp32", "flags": TORCH_DEFAULTS, "eager": {"mean": 2.02, "median": 2.02},
+         "eager_wall_s": 5.0, "compile_wall_s": 5.0} for t in tasks]
+    theirs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "ab.json"
+    _run(str(SCRIPT), "compare", "--theirs", str(theirs), "--db", str(db), "--ours-wall-s", "4", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["ours_stored"] == 1 and result["eager_compared"] == 1 and result["eager_within_3pct"] == 1
+    assert [r["ours_eager_ms"] for r in result["rows"]] == [2.0, None]  # the A100's is another machine's
