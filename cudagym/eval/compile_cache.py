@@ -90,6 +90,45 @@ def _local_artifacts(folder: Path) -> list[tuple[Path, dict]]:
     return found
 
 
+def reroot_static_autotuners() -> None:
+    """Make Triton kernels loaded from a carried cache tune into this machine's cache, not the exporter's.
+
+    A statically launchable Triton autotuner comes out of the FX graph cache (torch's TritonBundler)
+    pickled, with the absolute path its kernel's source had where it was compiled; torch 2.11 then
+    reads the kernel's best config beside that path and, after tuning, writes it there
+    (`CachingAutotuner.recheck_autotune_cache`). On a box that imported a bundle, that path is the
+    exporting run's cache folder: inside a judge's sandbox the write fails (read-only file system: on
+    the H200, 5 of 250 warm baselines, all matmuls with a reduction after them), outside it the file
+    lands in a stranger's folder. The kernel's file is `<cache>/<2 chars>/<name>.py` on every machine,
+    so the path is re-rooted into this process's inductor cache first. Idempotent; no-op without it."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return
+    recheck = getattr(CachingAutotuner, "recheck_autotune_cache", None)
+    if recheck is None or getattr(recheck, "rerooted", False):
+        return
+
+    def rerooted_recheck(self, *args, **kwargs):
+        self.filename = rerooted(self.filename, cache_dir())
+        return recheck(self, *args, **kwargs)
+
+    rerooted_recheck.rerooted = True
+    CachingAutotuner.recheck_autotune_cache = rerooted_recheck
+
+
+def rerooted(filename: str | None, root: str) -> str | None:
+    """`<elsewhere>/<xx>/<name>.py` as `<root>/<xx>/<name>.py`; a path under root as it is."""
+    if not filename:
+        return filename
+    path, root = os.path.normpath(filename), os.path.normpath(root)
+    if path.startswith(root + os.sep):
+        return filename
+    parent, name = os.path.split(path)
+    return os.path.join(root, os.path.basename(parent), name)
+
+
 @contextlib.contextmanager
 def _quiet_torch_cache():
     """torch logs a traceback for a blob it cannot read: the caller says it in one line instead."""

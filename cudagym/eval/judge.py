@@ -757,6 +757,9 @@ def synced_since(t0: float, device: str) -> float:
 def compile_reference(model, sets: list[list], device: str) -> tuple[object, float]:
     """torch.compile (inductor, default mode) and its first call: CPU-heavy, so done outside the
     exclusive GPU lock. Returns (compiled model, seconds)."""
+    from cudagym.eval.compile_cache import reroot_static_autotuners
+
+    reroot_static_autotuners()  # kernels from a carried cache tune into this machine's cache
     t0 = time.perf_counter()
     compiled = torch.compile(model)
     with torch.no_grad():
