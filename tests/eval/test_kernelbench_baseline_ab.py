@@ -145,3 +145,17 @@ def test_compare_finds_baselines_a_gpu_stored_under_its_queued_strict_method(tmp
     result = json.loads(out.read_text())
     assert result["ours_stored"] == 1 and result["eager_compared"] == 1 and result["eager_within_3pct"] == 1
     assert [r["ours_eager_ms"] for r in result["rows"]] == [2.0, None]  # the A100's is another machine's
+
+
+def test_their_loop_goes_problem_by_problem_across_the_levels():
+    """Stopped at its deadline, their loop has done a like share of each level (its seconds per
+    problem then stand for the selection, L3's long compiles included)."""
+    import importlib.util
+
+    from cudagym.tasks import Task
+
+    spec = importlib.util.spec_from_file_location("kernelbench_baseline_ab", SCRIPT)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    tasks = [Task(id=f"L{level}/{i}", name="p", code="", level=level, problem_id=i) for level in (1, 2, 3) for i in (1, 2)]
+    assert [t.id for t in ab.across_levels(tasks)] == ["L1/1", "L2/1", "L3/1", "L1/2", "L2/2", "L3/2"]
