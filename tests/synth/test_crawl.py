@@ -161,3 +161,66 @@ def test_shape_inference_on_the_cpu_refuses_tasks_too_large_to_run_there():
     with pytest.raises(ValueError, match="too large for shape inference on the CPU"):
         crawl.infer_output(big, try_meta=False, max_cpu_numel=1 << 24)
     assert crawl.task_numel(crawl.exec_task(big)) == 64 << 30
+
+
+RNN_TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.{cls}(6, 5, {options})
+
+    def forward(self, x):
+        out = self.rnn(x)
+        return out[0] * 2 + {state}.sum()
+
+def get_inputs():
+    return [torch.randn({shape})]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("cls,options,shape", [
+    ("LSTM", "num_layers=2", "7, 3, 6"),
+    ("LSTM", "batch_first=True, bidirectional=True, proj_size=4", "3, 7, 6"),
+    ("LSTM", "bidirectional=True", "7, 6"),  # unbatched
+    ("GRU", "num_layers=3, batch_first=True", "3, 7, 6"),
+    ("GRU", "bidirectional=True", "7, 6"),
+    ("RNN", "nonlinearity='relu', bidirectional=True, num_layers=2", "7, 3, 6"),
+])
+def test_recurrent_layers_on_meta_tensors_give_the_shapes_torch_gives_without_running_step_by_step(cls, options, shape):
+    """Shape inference gives an LSTM, GRU or RNN a shapes-only forward on meta tensors (torch's meta
+    run goes step by step: 5.5 s an LSTM call in composing); outputs and states as the CPU run's."""
+    state = "out[1][1]" if cls == "LSTM" else "out[1]"
+    code = RNN_TASK.format(cls=cls, options=options, shape=shape, state=state)
+    namespace = crawl.exec_task(code)
+    model = namespace["Model"]().to("meta")
+    crawl.shapes_only_rnns(model)
+    x = torch.randn(*map(int, shape.split(", ")), device="meta")
+    meta_out = model.rnn(x)
+    cpu_out = namespace["Model"]().rnn(torch.randn(*map(int, shape.split(", "))))
+    flat = lambda out: [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]  # noqa: E731
+    assert [(t.shape, t.dtype) for t in flat(meta_out)] == [(t.shape, t.dtype) for t in flat(cpu_out)]
+    assert all(t.device.type == "meta" for t in flat(meta_out))
+    assert crawl.infer_output(code) == (tuple(cpu_out[0].shape), "float32", True)
+
+
+def test_a_recurrent_layer_given_the_wrong_input_fails_on_meta_as_on_the_cpu():
+    for shape in ("7, 3, 5", "7, 3, 2, 6"):  # the wrong feature size; 4D
+        code = RNN_TASK.format(cls="LSTM", options="num_layers=1", shape=shape, state="out[1][0]")
+        namespace = crawl.exec_task(code)
+        errors = []
+        for device in ("meta", "cpu"):
+            try:
+                crawl.run_namespace(namespace, device)
+            except Exception as e:  # noqa: BLE001 - the same error from both is the point
+                errors.append((type(e), str(e)))
+        assert len(errors) == 2 and errors[0] == errors[1]
+    model = crawl.exec_task(RNN_TASK.format(cls="LSTM", options="", shape="7, 3, 6", state="out[1][0]"))["Model"]()
+    crawl.shapes_only_rnns(model)
+    h0 = (torch.zeros(1, 3, 5), torch.zeros(1, 3, 5))
+    assert model.rnn(torch.randn(7, 3, 6), h0)[0].shape == (7, 3, 5)  # real tensors and a given state: torch's forward
