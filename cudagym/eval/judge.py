@@ -1029,7 +1029,11 @@ def compiled_mark(req: Request) -> str | None:
     """The file that says this problem is compiled into this machine's inductor cache: there, not in the
     lock folder, since a fresh cache (a new CUDAGYM_CACHE, an imported bundle) has compiled nothing yet."""
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    return os.path.join(cache, COMPILED_MARKS, compile_claim_key(req.device, req.precision, req.ref_code)) if cache else None
+    if not cache:
+        return None
+    # torch's own keys change with its version and the GPU: a mark from before an upgrade is no compile
+    machine = f"{torch.__version__} {environment(req.device).get('gpu')} {req.device}"
+    return os.path.join(cache, COMPILED_MARKS, compile_claim_key(machine, req.precision, req.ref_code))
 
 
 @contextlib.contextmanager
