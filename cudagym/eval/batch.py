@@ -27,7 +27,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Container
+from typing import Callable
 
 from cudagym.eval.checks import Tolerance, degenerate_reason
 from cudagym.eval.evaluate import CANDIDATE_FILE_SUFFIXES, EvalConfig, evaluate_candidate, run_reference_jobs
@@ -128,14 +128,12 @@ def _eval_job(task: Task, candidate_code: str, baselines: dict[BaselineKey, dict
 
 
 def reference_job(tasks: list[Task], mode: str, skip: frozenset[BaselineKey], worker: Worker,
-                  on_task: Callable[[Task, dict, dict], None] | None = None,
-                  done: Container[str] = ()) -> tuple[dict, dict[str, dict]]:
+                  on_task: Callable[[Task, dict, dict], None] | None = None) -> tuple[dict, dict[str, dict]]:
     """Reference runs (mode baseline, warm, audit or filter) of a few tasks in one judge, leaving out tasks
-    whose baseline the worker's machine has already and those whose id is in `done` when the job starts;
-    (machine, {task.id: result}). on_task(task, machine, result): each task as its judge finishes it
-    (local pools only: it runs in the job's thread)."""
-    todo = [t for t in tasks if t.id not in done
-            and baseline_key(t, worker.env, worker.config.timing_mode, worker.config.precision) not in skip]
+    whose baseline the worker's machine has already; (machine, {task.id: result}). on_task(task, machine,
+    result): each task as its judge finishes it (local pools only: it runs in the job's thread)."""
+    todo = [t for t in tasks
+            if baseline_key(t, worker.env, worker.config.timing_mode, worker.config.precision) not in skip]
     streamed = (lambda i, result: on_task(todo[i], worker.env, result)) if on_task else None
     results = run_reference_jobs(todo, mode, worker.config, on_result=streamed) if todo else []
     return worker.env, {t.id: r for t, r in zip(todo, results) if r is not None}  # None: stopped before it ran
