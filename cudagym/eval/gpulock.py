@@ -114,16 +114,9 @@ def build_folder_lock(folder: str, timeout_s: float, poll_s: float = 0.2):
     held, no one else is building there and any baton left is a dead build's, removed here."""
     fd = _open(os.path.normpath(folder) + ".building")
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"another build of {os.path.basename(os.path.normpath(folder))} "
-                                       f"held its folder for {timeout_s:.0f} s") from None
-                time.sleep(poll_s)
+        if not _flock_within(fd, timeout_s, poll_s):
+            raise TimeoutError(f"another build of {os.path.basename(os.path.normpath(folder))} "
+                               f"held its folder for {timeout_s:.0f} s")
         for baton in glob.glob(os.path.join(glob.escape(folder), "*", "lock")):
             with contextlib.suppress(OSError):  # one we cannot remove leaves its import waiting, as before
                 os.unlink(baton)
@@ -140,20 +133,22 @@ def compile_claim(folder: str, key: str, wait_s: float, poll_s: float = 0.5):
     never outlives its compile; the small files stay (one per problem compiled)."""
     fd = _open(os.path.join(prepare_lock_dir(os.path.join(folder, "compiles")), key))
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = True
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    held = False
-                    break
-                time.sleep(poll_s)
-        yield held
+        yield _flock_within(fd, wait_s, poll_s)
     finally:
         os.close(fd)  # drops the flock
+
+
+def _flock_within(fd: int, wait_s: float, poll_s: float) -> bool:
+    """Take an exclusive flock on fd, trying every poll_s for at most wait_s; whether it was had."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
 
 
 WAITING = "w"  # ledger keys "w<pid>": when that judge began to wait (ms, wall clock); a waiting judge holds no bytes

@@ -127,6 +127,14 @@ with memory_reservation(path, n, budget_bytes=100, poll_s=0.05, fair_after_s=fai
 """
 
 
+def hold_in_child(lock: str, path) -> subprocess.Popen:
+    """A child process that enters `with gpulock.<lock>:`, prints what it yielded and holds it for 60 s."""
+    code = ("import sys, time\nfrom cudagym.eval.gpulock import build_folder_lock, compile_claim\n"
+            f"with {lock}:\n    print(held, flush=True)\n    time.sleep(60)\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(path)], env=dict(os.environ, PYTHONPATH=REPO),
+                            stdout=subprocess.PIPE, text=True)
+
+
 def test_a_build_folder_has_one_builder_and_its_holder_clears_dead_builds_batons(tmp_path):
     """torch's batons (`<ext>/lock`, exactly one level down) go when the folder is taken, nothing else;
     a second builder waits and gives up at its timeout; a killed holder's flock is gone with it."""
@@ -134,12 +142,9 @@ def test_a_build_folder_has_one_builder_and_its_holder_clears_dead_builds_batons
     (folder / "ext" / "deeper").mkdir(parents=True)
     for name in ("ext/lock", "ext/deeper/lock", "ext/lock.o", "lock"):
         (folder / name).write_text("")
-    code = "import sys, time\nfrom cudagym.eval.gpulock import build_folder_lock\n" \
-           "with build_folder_lock(sys.argv[1], 10):\n    print('held', flush=True)\n    time.sleep(60)\n"
-    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], env=dict(os.environ, PYTHONPATH=REPO),
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_in_child("build_folder_lock(sys.argv[1], 10) as held", folder)
     try:
-        assert holder.stdout.readline() == "held\n"
+        assert holder.stdout.readline() == "None\n"  # build_folder_lock yields nothing: held once it prints
         assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == \
             ["ext/deeper/lock", "ext/lock.o", "lock"]
         assert (tmp_path / "candidate-0123.building").exists()
@@ -158,10 +163,7 @@ def test_a_build_folder_has_one_builder_and_its_holder_clears_dead_builds_batons
 def test_a_compile_claim_has_one_holder_others_skip_or_wait_and_a_killed_holder_frees_it(tmp_path):
     """A baseline run's judges claim a problem while they compile it: with no wait the claim is
     refused while another process holds it; with a wait it is had once that process is gone."""
-    code = "import sys, time\nfrom cudagym.eval.gpulock import compile_claim\n" \
-           "with compile_claim(sys.argv[1], 'k1', 0) as held:\n    print(held, flush=True)\n    time.sleep(60)\n"
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=dict(os.environ, PYTHONPATH=REPO),
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_in_child("compile_claim(sys.argv[1], 'k1', 0) as held", tmp_path)
     try:
         assert holder.stdout.readline() == "True\n"
         with compile_claim(str(tmp_path), "k1", wait_s=0) as held:
