@@ -12,7 +12,7 @@
 #         else the carried .devout/compile-cache.zip*) into a fresh cache, then the same run into a
 #         fresh DB, timed (acceptance 1: under 5 minutes).
 #   ab    acceptance 2 on IDS (default 1-12: 36 problems) of each level of KBV (default v0.1): `cudagym baseline run
-#         --precision kernelbench`, then KernelBench's own loop (benchmarks/kernelbench_baseline_ab.py
+#         --precision kernelbench` (once per AB_THREADS setting, below), then KernelBench's own loop (benchmarks/kernelbench_baseline_ab.py
 #         theirs, fp32 and torch's TF32 defaults, cold inductor/Triton caches of its own) in the time
 #         left, then the table (compare). Make .kbsrc first: python benchmarks/kernelbench_baseline_ab.py
 #         checkout <KernelBench git dir>.
@@ -73,18 +73,30 @@ case $STEP in
     baselines "$OUT/warm.log" /tmp/warm.duckdb --precision "$PRECISION"
     echo "warm rc=$RC import ${imported}s run ${WALL}s, $(split_times "$OUT/warm.log")" | tee -a "$OUT/summary.txt" ;;
   ab)
-    fresh_cache
-    baselines "$OUT/ab_ours.log" /tmp/ab.duckdb --ids "$IDS" --precision kernelbench
-    ours=$WALL ours_rc=$RC
-    # Their loop gets cold inductor and Triton caches of its own, and the time left but 40 s for the table.
+    # Ours once per compile-thread setting in AB_THREADS (default "default": torch's knob unset, the
+    # cores shared out among the judges; a number: TORCHINDUCTOR_COMPILE_THREADS), each in fresh caches.
+    for v in ${AB_THREADS:-default}; do
+      fresh_cache
+      if [ "$v" = default ]; then unset TORCHINDUCTOR_COMPILE_THREADS; else export TORCHINDUCTOR_COMPILE_THREADS=$v; fi
+      baselines "$OUT/ab_ours_$v.log" "/tmp/ab_$v.duckdb" --ids "$IDS" --precision kernelbench
+      printf -v "wall_$v" %s "$WALL"; printf -v "rc_$v" %s "$RC"
+    done
+    unset TORCHINDUCTOR_COMPILE_THREADS
+    # Their loop gets cold inductor and Triton caches of its own, and the time left but 40 s for the tables.
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) timeout -k 10 -s INT "$(( $(left) - 40 ))" \
       python3 benchmarks/kernelbench_baseline_ab.py theirs --kb-version "$KBV" --levels 1,2,3 --ids "$IDS" \
       --out "$OUT/ab_theirs.jsonl" --deadline-s "$(( $(left) - 100 ))" 2> >(stamp > "$OUT/ab_theirs.log")
     theirs_rc=$?; sleep 1
-    python3 benchmarks/kernelbench_baseline_ab.py compare --theirs "$OUT/ab_theirs.jsonl" --db /tmp/ab.duckdb \
-      --ours-wall-s "$ours" --precision kernelbench --out "$OUT/ab.json" > "$OUT/ab_table.txt" 2>&1
-    echo "ab ids $IDS rc ours=$ours_rc theirs=$theirs_rc; $(tail -2 "$OUT/ab_table.txt" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
-    cat "$OUT/ab_table.txt" ;;
+    for v in ${AB_THREADS:-default}; do
+      wall=wall_$v rc=rc_$v
+      python3 benchmarks/kernelbench_baseline_ab.py compare --theirs "$OUT/ab_theirs.jsonl" --db "/tmp/ab_$v.duckdb" \
+        --ours-wall-s "${!wall}" --precision kernelbench --out "$OUT/ab_$v.json" > "$OUT/ab_table_$v.txt" 2>&1
+      echo "ab ids $IDS threads $v rc ours=${!rc} theirs=$theirs_rc; $(tail -2 "$OUT/ab_table_$v.txt" | tr '\n' ' ')" \
+        | tee -a "$OUT/summary.txt"
+      cat "$OUT/ab_table_$v.txt"
+    done
+    # At most 8 files come back: the logs and JSON in one archive beside env, summary and the tables.
+    (cd "$OUT" && files=$(ls ab_ours_* ab_theirs.* ab_*.json 2>/dev/null | sort -u) && tar czf ab_files.tgz $files && rm -f $files) ;;
   *) echo "unknown step $STEP (cold, warm, ab)"; exit 2 ;;
 esac
 kill $(jobs -p) 2>/dev/null

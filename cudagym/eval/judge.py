@@ -472,10 +472,23 @@ class Evaluation:
             torch.cuda.set_device(device)
             yield
 
-    def build_model(self) -> None:
-        """Model with weights from the secret seed, on the device (under the GPU lock)."""
+    def build_model(self, on_device: bool = False) -> None:
+        """Model with weights from the secret seed, on the device (under the GPU lock). on_device: its
+        weights drawn on the device itself, not drawn on the CPU and copied, for a model whose values
+        only its own judge uses (a baseline's, a compile judge's): initialising L3/2's 2.1 G parameters
+        on the CPU took 12-16 s in each of its two judges on the H200, under the shared GPU lock, so
+        every timing turn waited for it. Values differ from a CPU build (another generator), not times."""
+        device = self.req.device
+        if on_device and device != "cpu":
+            torch.manual_seed(self.init_seed)
+            try:
+                with torch.device(device):
+                    self.model = self.ref.Model(*self.init_args).to(device)
+                return
+            except Exception:  # an __init__ that needs CPU tensors (.numpy(), ...): the usual build
+                self.model = None
         torch.manual_seed(self.init_seed)
-        self.model = self.ref.Model(*self.init_args).to(self.req.device)
+        self.model = self.ref.Model(*self.init_args).to(device)
 
     def model64(self):
         if self._model64 is None:
@@ -1079,7 +1092,7 @@ def _reference_phases(req: Request, ev: Evaluation, result: dict, phase_s: dict,
     with ev.reservation():
         phase_s["memory"], t0 = time.perf_counter() - t0, time.perf_counter()
         with gpu_lock(req.lock_path, exclusive=req.exclusive):
-            ev.build_model()
+            ev.build_model(on_device=True)
             sets = [make_inputs(ev.ref, ev.new_seed(), req.device)] if req.mode == "warm" else ev.timing_sets()[0]
         phase_s["inputs"], t0 = time.perf_counter() - t0, time.perf_counter()
         compiled = None

@@ -32,13 +32,20 @@ def machine_env(device: str) -> dict:
     return {"gpu": "cpu", "torch": torch.__version__.split("+")[0], "cuda": ""}
 
 
+def compile_threads(cores: int, judges: int) -> int:
+    """Inductor's compile workers per judge when judges run side by side: torch's own
+    TORCHINDUCTOR_COMPILE_THREADS where the user set it, else the cores shared out among the judges."""
+    mine = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "").strip()
+    return int(mine) if mine.isdigit() and int(mine) > 0 else max(1, cores // judges)
+
+
 def batch_config(config: EvalConfig, parallel: int, gpu_slot: tuple[int, int] | None = None) -> EvalConfig:
     """Judges side by side: share the GPU through a lock file, and the CPU cores between them.
     gpu_slot: (this GPU's index, GPUs on the host), where the device's own index does not say it
     (a Ray worker sees its GPU as cuda:0)."""
     config = with_timing_cpus(config, gpu_slot)  # this GPU's timing cores (gpulock)
     if parallel > 1 and not config.compile_threads:
-        config = replace(config, compile_threads=max(1, len(config.work_cpus or os.sched_getaffinity(0)) // parallel))
+        config = replace(config, compile_threads=compile_threads(len(config.work_cpus or os.sched_getaffinity(0)), parallel))
     # Without an explicit lock file, every judge takes its device's machine-wide lock (gpulock.lock_dir):
     # judges of this batch, of other cudagym processes and of Ray workers on the host share it.
     if config.lock_path:

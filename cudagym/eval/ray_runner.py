@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 from cudagym.eval.evaluate import EvalConfig, stop_live_judges
 from cudagym.eval.gpulock import alive
-from cudagym.eval.pool import DRAIN_S, Job, Worker, batch_config, machine_env, progress_bar
+from cudagym.eval.pool import DRAIN_S, Job, Worker, batch_config, compile_threads, machine_env, progress_bar
 from cudagym.tasks.sandbox import kill_tree
 
 ATTEMPTS = 3  # runs of one job, over all workers, before it is given up
@@ -77,7 +77,7 @@ class GpuWorker:
             kill_orphaned_judges(tag)
             os.environ[OWNER] = f"{os.getpid()}:{tag}"  # inherited by this worker's judges
         slots = _slots_on_node(self.node_id, "GPU" if self.gpu is not None else "CPU")
-        threads = config.compile_threads or max(1, (os.cpu_count() or 1) // (slots * parallel))
+        threads = config.compile_threads or compile_threads(os.cpu_count() or 1, slots * parallel)
         config = replace(config, device=device, lock_path=lock_path, compile_threads=threads)
         gpu_slot = (int(self.gpu) % slots, slots) if self.gpu is not None else None  # among the node's GPUs
         self.worker = Worker(batch_config(config, parallel, gpu_slot), machine_env(device))

@@ -438,3 +438,15 @@ def test_baseline_progress_events_show_where_each_judge_spent_its_time():
     assert lines[2].startswith("baselines: compiled 1/2 · timed 1/2 · stored 1/2 · failed 0")
     assert lines[2].endswith("· v0.1/L1/1 stored (memory 0.0, turn 2.2, timing 0.2 s)")
     assert lines[3].endswith("· v0.1/L1/2 failed: judge died")
+
+
+@pytest.mark.parametrize("setting, threads", [(None, 3), ("4", 4), ("0", 3), ("many", 3)])
+def test_judges_compile_threads_are_the_users_torch_setting_else_a_share_of_the_cores(monkeypatch, setting, threads):
+    from cudagym.eval.pool import batch_config, compile_threads
+    if setting is None:
+        monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", setting)
+    assert compile_threads(cores=14, judges=4) == threads
+    config = batch_config(EvalConfig(device="cpu", work_cpus=tuple(range(14))), parallel=4)
+    assert config.compile_threads == threads

@@ -120,3 +120,41 @@ def test_median_round_takes_each_time_from_the_median_round_and_keeps_them_all()
     # Further rounds do not time compile again: the first round's compile time and statistics stand.
     first_only = median_round([dict(rounds[0], compile={"reps": 7})] + [dict(r, t_compile_ms=None) for r in rounds[1:]])
     assert first_only["t_compile_ms"] == 1.2 and first_only["compile"] == {"reps": 7}
+
+
+BUILT_ON = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n, needs_cpu):
+        super().__init__()
+        self.built_on = torch.empty(1).device.type  # where the factory functions drew this model's tensors
+        if needs_cpu:
+            torch.zeros(n).numpy()  # CPU only: on any other device this raises
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x):
+        return self.lin(x)
+
+def get_inputs():
+    return [torch.rand(4, 8)]
+
+def get_init_inputs():
+    return [8, NEEDS_CPU]
+"""
+
+
+@pytest.mark.parametrize("needs_cpu", [False, True])
+def test_a_baselines_model_is_drawn_on_its_device_unless_its_init_needs_the_cpu(tmp_path, needs_cpu):
+    # "meta" stands in for a GPU on this machine: the same path (draw on the device, else build on the
+    # CPU and move), without a GPU.
+    from cudagym.eval.judge import Evaluation, Request
+    req = Request(mode="baseline", ref_code=BUILT_ON.replace("NEEDS_CPU", str(needs_cpu)), workdir=str(tmp_path),
+                  device="meta", seed=1)
+    ev = Evaluation(req)
+    ev.build_model(on_device=True)
+    assert ev.model.built_on == ("cpu" if needs_cpu else "meta")
+    assert ev.model.lin.weight.device.type == "meta"
+    ev.build_model()  # a candidate's reference: drawn on the CPU, as the candidate's own copy is
+    assert ev.model.built_on == "cpu" and ev.model.lin.weight.device.type == "meta"
