@@ -272,8 +272,8 @@ def run_baselines(tasks: list[Task], store: Store, config: EvalConfig, parallel:
 
         def compiled(task: Task, env: dict, result: dict) -> None:
             with lock:
-                if result.get("compiled_elsewhere"):  # another judge compiled it, or compiles it: it reports it
-                    return
+                if result.get("compiled_elsewhere") or result.get("deferred"):  # another judge compiles it (or
+                    return  # compiled it; a deferred one its timing judge does) and reports it
                 if task.id not in warmed:  # a job's end repeats what its judge reported
                     warmed.add(task.id)
                     meter.compiled(task, result)

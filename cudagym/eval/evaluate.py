@@ -421,6 +421,12 @@ def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baselin
     return run_judge(_reference_request(task, mode, config, compile_baseline), config)
 
 
+# A baseline or compile judge's task with a large memory share that waits this long for admission is
+# deferred to the end of the judge's list (judge.Request.defer_memory_s): below gpulock.FAIR_AFTER_S, so
+# its wait never holds back the judges that came after it.
+DEFER_MEMORY_S = 10.0
+
+
 def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile_baseline: bool = True,
                        on_result: Callable[[int, dict], None] | None = None) -> list[dict]:
     """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
@@ -433,11 +439,16 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
     reported: set[int] = set()
 
     def report(i: int, result: dict) -> None:
-        if on_result and i not in reported and i < len(tasks) and not out_of_memory(result):  # else run again below
+        if on_result and i not in reported and i < len(tasks) and not again(result):  # else run again below
             reported.add(i)
             on_result(i, result)
 
-    request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks])
+    def again(result: dict | None) -> bool:
+        """Run again, alone, after the judge's list: ran out of memory beside others, or was deferred."""
+        return result is None or out_of_memory(result) or bool(result.get("deferred"))
+
+    request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks],
+                   defer_memory_s=DEFER_MEMORY_S if mode in ("baseline", "warm") else None)
     chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
                            task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))
     try:
@@ -460,7 +471,7 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
         result = done[i] if i < len(done) else None
         if i == len(done) and judged.get("stalled"):  # the task it hung on used its whole budget: not run again
             result = {"status": "timeout", "reason": judged["reason"]}
-        if result is None or out_of_memory(result):
+        if again(result) and not (mode == "warm" and result and result.get("deferred")):  # its timing judge compiles it
             result = run_reference_job(task, mode, config, compile_baseline)
         report(i, result)
         results.append(result)

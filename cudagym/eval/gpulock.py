@@ -155,10 +155,14 @@ WAITING = "w"  # ledger keys "w<pid>": when that judge began to wait (ms, wall c
 FAIR_AFTER_S = 30.0  # a judge that has waited this long is overtaken by nobody who came after it
 
 
+class AdmissionDeferred(Exception):
+    """memory_reservation gave up waiting (give_up_s): the caller does other work and comes back."""
+
+
 @contextlib.contextmanager
 def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s: float = 0.2,
                        free_bytes: Callable[[], int] | None = None, need_free_bytes: int = 0,
-                       settle_s: float = 60.0, fair_after_s: float = FAIR_AFTER_S):
+                       settle_s: float = 60.0, fair_after_s: float = FAIR_AFTER_S, give_up_s: float | None = None):
     """Reserve n_bytes of a GPU memory budget shared by concurrent judges (a JSON ledger of
     pid -> bytes under flock), waiting until it fits. A judge alone is always admitted, however
     large: the budget bounds concurrency, it does not refuse work. Entries of dead processes are
@@ -178,14 +182,17 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
     So where `free_bytes` (the device's free memory now) is given, admission also waits until
     need_free_bytes are free, for at most settle_s (memory held outside cudagym must not block it).
     settle_s counts from when the share first fits the ledger, not from when waiting began: a large
-    judge waits long for the ledger, and then it most needs the device's memory to be given back."""
+    judge waits long for the ledger, and then it most needs the device's memory to be given back.
+
+    give_up_s: raise AdmissionDeferred after waiting that long, leaving no place in the queue; below
+    fair_after_s, such a judge never holds back those that came after it."""
     if not path:
         yield
         return
     ledger = path + ".memory"
     key = str(os.getpid())
     wait_key = WAITING + key
-    fits_since = None
+    fits_since, waiting_since = None, time.monotonic()
     try:
         while True:
             with _locked_ledger(ledger) as entries:
@@ -203,6 +210,8 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
                     entries[key] = n_bytes
                     del entries[wait_key]
                     break
+            if give_up_s is not None and time.monotonic() - waiting_since >= give_up_s:
+                raise AdmissionDeferred(f"{n_bytes / 2**30:.1f} GiB of GPU memory not free after {give_up_s:.0f} s")
             time.sleep(poll_s)
     except BaseException:  # stopped while waiting (Ctrl-C, a timeout): leave no place in the queue behind
         with _locked_ledger(ledger) as entries:

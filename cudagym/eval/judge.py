@@ -43,7 +43,7 @@ import torch
 
 from cudagym.eval import checks
 from cudagym.eval.evaluate import PHASE_FILE
-from cudagym.eval.gpulock import (build_folder_lock, compile_claim, device_lock_path, gpu_lock, memory_reservation,
+from cudagym.eval.gpulock import (AdmissionDeferred, build_folder_lock, compile_claim, device_lock_path, gpu_lock, memory_reservation,
                                   on_cpus)
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
@@ -106,6 +106,10 @@ class Request:
     max_reps: int = 100
     max_timing_s: float = 10.0
     seed: int | None = None  # tests only; normally a fresh secret per run
+    # A judge of several baseline or compile tasks: how long one task whose share is over half the memory
+    # budget waits for admission before it is deferred (result "deferred"; run again at the end of the
+    # list). None: it waits as long as it takes.
+    defer_memory_s: float | None = None
     ref_codes: list | None = None  # reference modes only: several tasks in one process (imports paid once)
     timing_cpus: tuple = ()  # cores this GPU's exclusive-lock holder times on (gpulock.timing_cpu_split)
     work_cpus: tuple = ()  # cores for everything else
@@ -467,7 +471,12 @@ class Evaluation:
         # process's 23.6 GB: a rerun that waits only for its (low) footprint to be free can meet the same.
         share, need_free = memory_share(footprint_bytes(self.ref, self.init_args, self.req.mode), budget,
                                         self.req.exclusive)
-        with memory_reservation(self.req.lock_path, share, budget,
+        # A large share that does not fit now waits for the judges holding memory, and after FAIR_AFTER_S
+        # everyone who came after it waits too. In the H200's cold baseline run (session 18) L1/45 (130
+        # GiB) waited 188 s behind two compile judges' 2-3 minute DenseNet compiles, and the three other
+        # timing judges queued behind it, storing nothing for two minutes. Deferred, it is timed last.
+        give_up = self.req.defer_memory_s if share > budget // 2 else None
+        with memory_reservation(self.req.lock_path, share, budget, give_up_s=give_up,
                                 free_bytes=lambda: device_free_bytes(device), need_free_bytes=need_free):
             torch.cuda.set_device(device)
             yield
@@ -1119,12 +1128,15 @@ def evaluate(req: Request) -> dict:
         # building it and its inputs, the lock wait included, compiling, waiting for the timing turn,
         # timing), for the baseline run's progress
         phase_s, t0 = {}, time.perf_counter()
-        with reference_compile_claim(req) as go_on:
-            if not go_on:  # a compile judge: another judge compiled this problem, or compiles it now
-                return dict(result, compiled_elsewhere=True)
-            if time.perf_counter() - t0 > 0.5:
-                phase_s["other compile"], t0 = time.perf_counter() - t0, time.perf_counter()
-            _reference_phases(req, Evaluation(req), result, phase_s, t0)
+        try:
+            with reference_compile_claim(req) as go_on:
+                if not go_on:  # a compile judge: another judge compiled this problem, or compiles it now
+                    return dict(result, compiled_elsewhere=True)
+                if time.perf_counter() - t0 > 0.5:
+                    phase_s["other compile"], t0 = time.perf_counter() - t0, time.perf_counter()
+                _reference_phases(req, Evaluation(req), result, phase_s, t0)
+        except AdmissionDeferred as waited:  # the driver runs it again after this judge's other tasks
+            return dict(result, deferred=True, reason=str(waited))
         result["phase_s"] = {k: round(v, 3) for k, v in phase_s.items()}
         return result
     if req.mode == "audit":
@@ -1467,11 +1479,13 @@ def main(argv: list[str]) -> int:
         result = evaluate_or_explain(req, sandbox)
     else:  # one line per task as it finishes: if this process dies, the driver keeps what is done
         with open(os.path.join(req.workdir, "results.jsonl"), "w") as lines:
-            for code in req.ref_codes:
-                result = evaluate_or_explain(dataclasses.replace(req, ref_code=code), sandbox)
+            for i, code in enumerate(req.ref_codes):
+                last = i == len(req.ref_codes) - 1  # deferring the last task gains nothing
+                result = evaluate_or_explain(dataclasses.replace(req, ref_code=code, defer_memory_s=None if last
+                                                                 else req.defer_memory_s), sandbox)
                 lines.write(json.dumps(result) + "\n")
                 lines.flush()
-                if result.get("compiled_elsewhere"):  # nothing was built: nothing to release
+                if result.get("compiled_elsewhere") or result.get("deferred"):  # nothing was built: nothing to release
                     continue
                 if not release_task_memory():
                     break  # a sticky CUDA error: the driver reruns the remaining tasks, each in a new process

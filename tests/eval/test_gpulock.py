@@ -400,3 +400,29 @@ def test_a_reference_compile_holds_the_shared_lock_only_while_autotuning(lock, t
     assert CachingAutotuner.benchmark_all_configs is original
     with autotuning_locked(Request(mode="baseline", ref_code="", workdir=str(tmp_path), device="cpu", lock_path=lock)):
         assert CachingAutotuner.benchmark_all_configs is original  # the CPU: nothing to lock
+
+
+def test_a_reservation_that_gives_up_leaves_no_place_in_the_queue_and_holds_back_nobody(tmp_path):
+    """give_up_s: a large share that does not fit is deferred after that long (the baseline run's timing
+    judge then times its other problems), and its waiting entry goes, so a judge that came after it and
+    fits is admitted, however long the large one would have waited."""
+    from cudagym.eval.gpulock import AdmissionDeferred, memory_reservation
+
+    lock = str(tmp_path / "gpu.lock")
+    holder = subprocess.Popen([sys.executable, "-c", MEMORY_HOLDER, lock, "40", "30", str(tmp_path / "a"), "0.1"])
+    try:
+        deadline = time.time() + 30
+        while not (tmp_path / "a").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(AdmissionDeferred, match="not free after 1 s"):
+            with memory_reservation(lock, 90, budget_bytes=100, poll_s=0.05, fair_after_s=0.1, give_up_s=1.0):
+                pytest.fail("admitted beside a holder it does not fit with")
+        assert 1.0 <= time.monotonic() - t0 < 10
+        assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {str(holder.pid): 40}
+        # had it stayed in the queue past fair_after_s, this one (which fits) would wait behind it
+        subprocess.run([sys.executable, "-c", MEMORY_HOLDER, lock, "50", "0", str(tmp_path / "b"), "0.1"],
+                       timeout=10, check=True)
+    finally:
+        holder.kill()
+        holder.wait()
