@@ -100,7 +100,11 @@ def reroot_static_autotuners() -> None:
     exporting run's cache folder: inside a judge's sandbox the write fails (read-only file system: on
     the H200, 5 of 250 warm baselines, all matmuls with a reduction after them), outside it the file
     lands in a stranger's folder. The kernel's file is `<cache>/<2 chars>/<name>.py` on every machine,
-    so the path is re-rooted into this process's inductor cache first. Idempotent; no-op without it."""
+    so the path is re-rooted into this process's inductor cache first. The same path is in the
+    autotuner's save hook, pickled with it (an AutotuneCache whose local file is the exporter's
+    `<cache>/<xx>/<hash>.best_config`): re-rooting the filename alone still wrote there (the H200's warm
+    run, session 18: 3 of 250 failed, "Read-only file system: '/tmp/cudagym-cache.<exporter's>'"), so the
+    hook's file is re-rooted too. Idempotent; no-op without it."""
     try:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner
@@ -111,7 +115,12 @@ def reroot_static_autotuners() -> None:
         return
 
     def rerooted_recheck(self, *args, **kwargs):
-        self.filename = rerooted(self.filename, cache_dir())
+        root = cache_dir()
+        self.filename = rerooted(self.filename, root)
+        tuning_cache = getattr(getattr(self, "save_cache_hook", None), "__self__", None)  # an AutotuneCache's save
+        local = getattr(tuning_cache, "local_cache", None)
+        if isinstance(local, tuple) and len(local) == 2 and isinstance(local[1], str):
+            tuning_cache.local_cache = (local[0], rerooted(local[1], root))
         return recheck(self, *args, **kwargs)
 
     rerooted_recheck.rerooted = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import os
 import zipfile
 
 import pytest
@@ -105,6 +106,7 @@ def test_cache_commands_fail_in_one_line(cache, tmp_path, capsys):
 def test_a_static_autotuner_from_another_machines_cache_tunes_into_this_ones(tmp_path, monkeypatch):
     """torch pickles a statically launchable Triton autotuner with its kernel's absolute path: loaded
     from a carried bundle it would read and write its best config in the exporter's cache folder."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     here = tmp_path / "here"
@@ -115,9 +117,14 @@ def test_a_static_autotuner_from_another_machines_cache_tunes_into_this_ones(tmp
     tuner = object.__new__(CachingAutotuner)
     tuner.compile_results = []
     tuner.filename = "/tmp/cudagym-cache.w028/inductor/ee/ceewmrxfma3m5nur.py"
+    # its save hook, as pickled: torch's AutotuneCache for the kernel's file where it was compiled
+    tuner.save_cache_hook = AutotuneCache.create({}, tuner.filename, "confighash").save
+    saved_to = tuner.save_cache_hook.__self__.local_cache[1]
+    assert saved_to.startswith("/tmp/cudagym-cache.w028/inductor/ee/") and saved_to.endswith(".best_config")
     with pytest.raises(AssertionError):  # torch's own method ran after the path was re-rooted (no kernels here)
         tuner.recheck_autotune_cache(reload_kernel_from_src=lambda: None)
     assert tuner.filename == str(here / "ee" / "ceewmrxfma3m5nur.py")
+    assert tuner.save_cache_hook.__self__.local_cache[1] == str(here / "ee" / os.path.basename(saved_to))
     tuner.filename = str(here / "ab" / "cab.py")  # compiled here: left as it is
     with pytest.raises(AssertionError):
         tuner.recheck_autotune_cache(reload_kernel_from_src=lambda: None)
