@@ -444,8 +444,9 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
             on_result(i, result)
 
     def again(result: dict | None) -> bool:
-        """Run again, alone, after the judge's list: ran out of memory beside others, or was deferred."""
-        return result is None or out_of_memory(result) or bool(result.get("deferred"))
+        """Run again, alone, after the judge's list: ran out of memory beside others, or a timing judge's
+        task was deferred (a compile judge's deferred task is left to the timing judge that times it)."""
+        return result is None or out_of_memory(result) or (mode != "warm" and bool(result.get("deferred")))
 
     request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks],
                    defer_memory_s=DEFER_MEMORY_S if mode in ("baseline", "warm") else None)
@@ -471,7 +472,7 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
         result = done[i] if i < len(done) else None
         if i == len(done) and judged.get("stalled"):  # the task it hung on used its whole budget: not run again
             result = {"status": "timeout", "reason": judged["reason"]}
-        if again(result) and not (mode == "warm" and result and result.get("deferred")):  # its timing judge compiles it
+        if again(result):
             result = run_reference_job(task, mode, config, compile_baseline)
         report(i, result)
         results.append(result)

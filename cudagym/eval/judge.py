@@ -43,8 +43,8 @@ import torch
 
 from cudagym.eval import checks
 from cudagym.eval.evaluate import PHASE_FILE
-from cudagym.eval.gpulock import (AdmissionDeferred, build_folder_lock, compile_claim, device_lock_path, gpu_lock, memory_reservation,
-                                  on_cpus)
+from cudagym.eval.gpulock import (AdmissionDeferred, build_folder_lock, compile_claim, device_lock_path, gpu_lock,
+                                  memory_reservation, on_cpus)
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.verdict import EDGE_ROUNDS, near_milestone
