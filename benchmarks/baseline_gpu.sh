@@ -12,7 +12,8 @@
 #         else the carried .devout/compile-cache.zip*) into a fresh cache, then the same run into a
 #         fresh DB, timed (acceptance 1: under 5 minutes).
 #   ab    acceptance 2 on IDS (default 1-12: 36 problems) of each level of KBV (default v0.1): `cudagym baseline run
-#         --precision kernelbench` (once per AB_THREADS setting, below), then KernelBench's own loop (benchmarks/kernelbench_baseline_ab.py
+#         --precision kernelbench --timing-mode AB_TIMING` (default kernelbench: their cuda_event window per call,
+#         like for like; strict: our queued launches) once per AB_THREADS setting (below), then KernelBench's own loop (benchmarks/kernelbench_baseline_ab.py
 #         theirs, fp32 and torch's TF32 defaults, cold inductor/Triton caches of its own) in the time
 #         left, then the table (compare). Make .kbsrc first: python benchmarks/kernelbench_baseline_ab.py
 #         checkout <KernelBench git dir>.
@@ -23,7 +24,7 @@ set -uo pipefail
 START=$(date +%s)  # the bound counts the setup too: the call's 600 s do
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 STEP=$1; LIMIT=${2:-540}
-PARALLEL=${PARALLEL:-16}; PRECISION=${PRECISION:-strict}; KBV=${KBV:-v0.1}; IDS=${IDS:-1-12}
+PARALLEL=${PARALLEL:-16}; PRECISION=${PRECISION:-strict}; KBV=${KBV:-v0.1}; IDS=${IDS:-1-12}; AB_TIMING=${AB_TIMING:-kernelbench}
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 stamp() { SECONDS=0; local line; while IFS= read -r line; do printf '%4d %s\n' "$SECONDS" "$line"; done; }
 # From a stamped progress log: when compiles and stored baselines came (the time split).
@@ -78,7 +79,7 @@ case $STEP in
     for v in ${AB_THREADS:-default}; do
       fresh_cache
       if [ "$v" = default ]; then unset TORCHINDUCTOR_COMPILE_THREADS; else export TORCHINDUCTOR_COMPILE_THREADS=$v; fi
-      baselines "$OUT/ab_ours_$v.log" "/tmp/ab_$v.duckdb" --ids "$IDS" --precision kernelbench
+      baselines "$OUT/ab_ours_$v.log" "/tmp/ab_$v.duckdb" --ids "$IDS" --precision kernelbench --timing-mode "$AB_TIMING"
       printf -v "wall_$v" %s "$WALL"; printf -v "rc_$v" %s "$RC"
     done
     unset TORCHINDUCTOR_COMPILE_THREADS
@@ -90,8 +91,9 @@ case $STEP in
     for v in ${AB_THREADS:-default}; do
       wall=wall_$v rc=rc_$v
       python3 benchmarks/kernelbench_baseline_ab.py compare --theirs "$OUT/ab_theirs.jsonl" --db "/tmp/ab_$v.duckdb" \
-        --ours-wall-s "${!wall}" --precision kernelbench --out "$OUT/ab_$v.json" > "$OUT/ab_table_$v.txt" 2>&1
-      echo "ab ids $IDS threads $v rc ours=${!rc} theirs=$theirs_rc; $(tail -2 "$OUT/ab_table_$v.txt" | tr '\n' ' ')" \
+        --ours-wall-s "${!wall}" --precision kernelbench --timing-mode "$AB_TIMING" --out "$OUT/ab_$v.json" \
+        > "$OUT/ab_table_$v.txt" 2>&1
+      echo "ab ids $IDS threads $v timing $AB_TIMING rc ours=${!rc} theirs=$theirs_rc; $(tail -2 "$OUT/ab_table_$v.txt" | tr '\n' ' ')" \
         | tee -a "$OUT/summary.txt"
       cat "$OUT/ab_table_$v.txt"
     done

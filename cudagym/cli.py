@@ -584,7 +584,7 @@ def _add_agent_commands(sub) -> None:
         p.add_argument("--client-timeout", type=float, default=600.0, help="seconds per request (default 600)")
         p.add_argument("--max-retries", type=int, default=4, help="retries on 429 / 5xx / timeouts (default 4)")
         p.add_argument("--policy", default="strict", help="op policy of the judge: strict (default) or permissive")
-        p.add_argument("--timing-mode", default="strict", help="strict (default) or paper")
+        p.add_argument("--timing-mode", default="strict", help="strict (default), paper or kernelbench")
         p.add_argument("--precision", default="strict", help="strict (default) or kernelbench")
         p.add_argument("--bash-timeout", type=float, default=180.0, help="upper bound of one bash call (default 180 s)")
         p.add_argument("--judge-timeout", type=float, default=None, help="bound on one verify/profile/final judge call")
@@ -771,7 +771,8 @@ def _add_selection(p: argparse.ArgumentParser, problems: bool = True) -> None:
 def _add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if visible)")
     p.add_argument("--policy", default="strict", help="op policy: strict (default) or permissive")
-    p.add_argument("--timing-mode", default="strict", help="strict (default) or paper")
+    p.add_argument("--timing-mode", default="strict",
+                   help="strict (default); paper: CUDA Agent's profiler sum; kernelbench: KernelBench's per-call event window")
     p.add_argument("--precision", default="strict",
                    help="strict: fp32 with TF32 off for every party (default); kernelbench: torch's defaults"
                         " (cuDNN TF32 on), as KernelBench runs; recorded in verdicts and cache keys")

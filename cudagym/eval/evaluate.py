@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from cudagym.eval.gpulock import lock_dir, prepare_lock_dir
-from cudagym.eval.timing import TRACE_ENV
+from cudagym.eval.timing import TIMING_MODES, TRACE_ENV
 from cudagym.eval.verdict import EDGE_BAND, Status, Verdict
 from cudagym.tasks import Task
 from cudagym.tasks.sandbox import describe_exit, kill_tree
@@ -106,8 +106,8 @@ class EvalConfig:
             raise ValueError(f"unknown device {self.device!r} (cpu, cuda or cuda:N)")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
-        if self.timing_mode not in ("strict", "paper"):
-            raise ValueError(f"unknown timing mode {self.timing_mode!r} (choose strict or paper)")
+        if self.timing_mode not in TIMING_MODES:
+            raise ValueError(f"unknown timing mode {self.timing_mode!r} (choose from {', '.join(TIMING_MODES)})")
         if self.timing_mode == "paper" and self.device == "cpu":
             raise ValueError("the paper timing mode sums CUDA kernel times: it needs --device cuda")
         if self.precision not in PRECISIONS:

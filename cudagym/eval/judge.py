@@ -48,7 +48,7 @@ from cudagym.eval.gpulock import (AdmissionDeferred, build_folder_lock, compile_
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.verdict import EDGE_ROUNDS, near_milestone
-from cudagym.eval.timing import (PAPER_REPS, Timer, adaptive_reps, median_noise_ms, process_cpu_clock,
+from cudagym.eval.timing import (PAPER_REPS, Timer, adaptive_reps, median_noise_ms, process_cpu_clock, timer_method,
                                  profiler_kernel_ms, summarize, tamper_evidence, thread_cpu_clock, time_floors,
                                  write_trace)
 from cudagym.tasks import sha256_text
@@ -628,7 +628,7 @@ class Evaluation:
 
     def time_candidate(self, runner: RunnerProcess, sets, refs) -> dict:
         """Candidate (runner) and eager reference (here), rep by rep, same input rotation."""
-        timer = Timer(self.req.device)
+        timer = Timer(self.req.device, method=timer_method(self.req.timing_mode))
         runner.request(self.req.call_timeout_s, op="set_timing_inputs", sets=sets)
         buffers = self.output_buffers(refs[0], runner)
         if self.req.timing_mode == "paper":
@@ -971,7 +971,7 @@ def median_round(rounds: list[dict]) -> dict:
 
 def time_reference(model, compiled, sets: list[list], device: str, timing_mode: str, req: Request) -> dict:
     """Eager and (if given) compiled baselines, interleaved rep by rep on the same input rotation."""
-    timer = Timer(device)
+    timer = Timer(device, method=timer_method(timing_mode))
     if timing_mode == "paper":
         with torch.no_grad():
             out = {"t_eager_ms": profiler_kernel_ms(lambda: model(*sets[0]))}

@@ -64,14 +64,14 @@ class Runner:
         import cudagym.eval.checks  # noqa: F401
         import cudagym.eval.guard  # noqa: F401
         from cudagym.eval.integrity import Snapshot, thread_ids
-        from cudagym.eval.timing import TRACE_ENV, Timer
+        from cudagym.eval.timing import TRACE_ENV, Timer, timer_method
 
         self.device, self.policy, self.task_dtypes = device, policy, set(task_dtypes)
         set_fp32_precision(precision)
         if device.startswith("cuda"):
             torch.cuda.set_device(device)
         warm_up(device, profiler=timing_mode == "paper" or bool(os.environ.get(TRACE_ENV)))
-        self.timer = Timer(device, census=lambda: thread_ids()[1])
+        self.timer = Timer(device, census=lambda: thread_ids()[1], method=timer_method(timing_mode))
         self.snapshot = Snapshot.take()
 
         # A candidate with files builds from them by path (cpp_extension.load(sources=[...])); ninja

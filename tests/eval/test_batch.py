@@ -450,3 +450,22 @@ def test_judges_compile_threads_are_the_users_torch_setting_else_a_share_of_the_
     assert compile_threads(cores=14, judges=4) == threads
     config = batch_config(EvalConfig(device="cpu", work_cpus=tuple(range(14))), parallel=4)
     assert config.compile_threads == threads
+
+
+def test_judges_get_a_few_compile_workers_on_a_big_machine_one_on_a_small_one(monkeypatch):
+    from cudagym.eval.pool import compile_threads
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    assert compile_threads(cores=16, judges=16) == 4  # a network's kernels compile four at a time
+    assert compile_threads(cores=8, judges=16) == 2
+    assert compile_threads(cores=2, judges=2) == 1  # CI: never more workers than a share of the cores
+    assert compile_threads(cores=64, judges=4) == 16
+
+
+def test_compile_judges_take_the_longest_compiles_first():
+    from cudagym.eval.batch import longest_compiles_first
+    tasks = [Task(id=f"L{lv}/{i}", name="t", code="x" * n, level=lv)
+             for lv, i, n in [(1, 1, 900), (2, 1, 1200), (3, 1, 1300), (3, 2, 4800), (1, 2, 2000), (3, 3, 23000)]]
+    order = [t.id for t in longest_compiles_first(tasks)]
+    # Networks first, the longest source first among them; a long docstring does not lift an operator.
+    assert order == ["L3/3", "L3/2", "L3/1", "L2/1", "L1/2", "L1/1"]
+    assert longest_compiles_first([]) == []

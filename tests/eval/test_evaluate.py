@@ -90,6 +90,16 @@ def test_eval_config_accepts_good_values():
     assert config.judge_timeout_s > config.build_timeout_s
 
 
+def test_the_kernelbench_timing_mode_times_each_call_in_its_own_synchronised_window():
+    from cudagym.eval.batch import baseline_method
+    from cudagym.eval.timing import timer_method
+    assert EvalConfig(timing_mode="kernelbench").timing_mode == "kernelbench"
+    assert [timer_method(m) for m in ("strict", "kernelbench")] == ["queued", "window"]
+    # Its baselines are keyed apart from strict's on a GPU, so neither run ever reuses the other's.
+    assert baseline_method("kernelbench", "NVIDIA H200") == "kernelbench"
+    assert baseline_method("strict", "NVIDIA H200") == "strict-queued"
+
+
 def test_compile_error_verdict_without_a_process():
     verdict = evaluate_candidate(REF, "class ModelNew(:\n", EvalConfig(device="cpu"))
     assert verdict.status is Status.COMPILE_ERROR and verdict.reward == -1 and "syntax error" in verdict.reason
@@ -100,9 +110,11 @@ CPU = dict(device="cpu", policy="permissive", compile_baseline=False, max_timing
 
 
 @pytest.mark.slow
-def test_honest_candidate_passes():
-    verdict = evaluate_candidate(REF, HONEST, EvalConfig(**CPU))
+@pytest.mark.parametrize("timing_mode", ["strict", "kernelbench"])
+def test_honest_candidate_passes(timing_mode):
+    verdict = evaluate_candidate(REF, HONEST, EvalConfig(**CPU, timing_mode=timing_mode))
     assert verdict.status is Status.PASS, verdict.reason
+    assert verdict.timing_mode == timing_mode
     assert verdict.correct and verdict.flags == []
     assert verdict.t_candidate_ms and verdict.t_candidate_ms > 0
     assert verdict.t_eager_ms and verdict.t_eager_ms > 0
