@@ -12,8 +12,8 @@
 #         else the carried .devout/compile-cache.zip*) into a fresh cache, then the same run into a
 #         fresh DB, timed (acceptance 1: under 5 minutes).
 #   ab    acceptance 2 on IDS (default 1-12: 36 problems) of each level of KBV (default v0.1): `cudagym baseline run
-#         --precision kernelbench --timing-mode AB_TIMING` (default kernelbench: their cuda_event window per call,
-#         like for like; strict: our queued launches) once per AB_THREADS setting (below), then KernelBench's own loop (benchmarks/kernelbench_baseline_ab.py
+#         --precision kernelbench --timing-mode AB_TIMING` (default strict: our queued launches; kernelbench: their
+#         cuda_event window per call, which counts the host's load too) once per AB_THREADS setting (below), then KernelBench's own loop (benchmarks/kernelbench_baseline_ab.py
 #         theirs, fp32 and torch's TF32 defaults, cold inductor/Triton caches of its own) in the time
 #         left, then the table (compare). Make .kbsrc first: python benchmarks/kernelbench_baseline_ab.py
 #         checkout <KernelBench git dir>.
@@ -24,7 +24,7 @@ set -uo pipefail
 START=$(date +%s)  # the bound counts the setup too: the call's 600 s do
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 STEP=$1; LIMIT=${2:-540}
-PARALLEL=${PARALLEL:-16}; PRECISION=${PRECISION:-strict}; KBV=${KBV:-v0.1}; IDS=${IDS:-1-12}; AB_TIMING=${AB_TIMING:-kernelbench}
+PARALLEL=${PARALLEL:-16}; PRECISION=${PRECISION:-strict}; KBV=${KBV:-v0.1}; IDS=${IDS:-1-12}; AB_TIMING=${AB_TIMING:-strict}
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 stamp() { SECONDS=0; local line; while IFS= read -r line; do printf '%4d %s\n' "$SECONDS" "$line"; done; }
 # From a stamped progress log: when compiles and stored baselines came (the time split).

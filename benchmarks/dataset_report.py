@@ -29,8 +29,10 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
-# CUDA-Agent-Ops-6K's composition (6,000 tasks): data_source -> tasks; torch#2 is 83.77%.
-PAPER_SOURCES = {"torch#1": 204, "torch#2": 5026, "torch#3": 457, "torch#4": 168, "torch#5": 74, "transformers": 71}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cudagym.synth.labels import OPS_6K_SOURCES  # noqa: E402
+
+PAPER_SOURCES = OPS_6K_SOURCES  # CUDA-Agent-Ops-6K's composition (6,000 tasks): data_source -> tasks
 TARGET_PER_GPU_MIN, TARGET_YIELD = 60.0, 0.60
 
 

@@ -455,7 +455,10 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
     try:
         judged = run_judge(request, chunk_config, stall_s=config.judge_timeout_s, on_line=report)
     except Interrupted as stopped:  # what the judge finished before it was stopped counts; nothing else
-        return (stopped.results + [None] * len(tasks))[:len(tasks)]
+        # A task it would have run again (deferred, out of memory) is not finished: on the H200 (session
+        # 19) a stop during a warm run reported a deferred 130 GiB problem as failed.
+        finished = [None if again(result) else result for result in stopped.results]
+        return (finished + [None] * len(tasks))[:len(tasks)]
     done = judged.get("results") or []
     if mode == "warm" and len(done) + 1 < len(tasks):
         # A compile-ahead judge walks a whole baseline run's queue: the problems after the one it ended on

@@ -14,10 +14,10 @@ fused `Model` is written with libcst: seed templates are parsed once and their p
 (inputs, dims, module slots) substituted by a CST transformer.
 
 K, the number of composed seeds, follows `ComposeConfig.k_distribution`. Default
-(`PAPER_K_DISTRIBUTION`), an assumption: CUDA-Agent-Ops-6K (CUDA Agent paper, arXiv 2602.24286)
-composes "up to 5" torch operators and 83.77% of its tasks have K=2; the paper gives no split of
-the remaining 16.23%, so we spread it over K=3..5 halving at each step (9.27%, 4.64%, 2.32%) and
-give K=1 no mass (single ops are KernelBench level 1 territory).
+(`PAPER_K_DISTRIBUTION`): the split of the torch rows of CUDA-Agent-Ops-6K as released
+(`labels.OPS_6K_SOURCES`: K=1 204, K=2 5,026, K=3 457, K=4 168, K=5 74 of its 5,929 torch rows). The
+paper's text gives only K=2's 83.77%; an earlier default spread the rest over K=3..5 and gave K=1
+none, so a build had no single-operator tasks where the released set has 3.4%.
 
 Labels for the dataset row come from the code's AST only: `ops_from_code` and `data_source_of`.
 """
@@ -33,14 +33,16 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from cudagym.synth.crawl import SeedError, infer_output, single_threaded
-from cudagym.synth.labels import data_source_of, ops_from_code
+from cudagym.synth.labels import OPS_6K_SOURCES, data_source_of, ops_from_code
 from cudagym.synth.render import Idents, Step, first_step, name_output, next_step, render_steps
 from cudagym.synth.seeds import DOMAIN_ACCEPTS, Seed
 from cudagym.tasks import Task, TaskError, sha256_text
 
 log = logging.getLogger(__name__)
 
-PAPER_K_DISTRIBUTION: Mapping[int, float] = {1: 0.0, 2: 0.8377, 3: 0.0927, 4: 0.0464, 5: 0.0232}
+_OPS_6K_TORCH_ROWS = sum(n for source, n in OPS_6K_SOURCES.items() if source.startswith("torch#"))
+PAPER_K_DISTRIBUTION: Mapping[int, float] = {k: round(OPS_6K_SOURCES[f"torch#{k}"] / _OPS_6K_TORCH_ROWS, 4)
+                                             for k in range(1, 6)}
 # CUDA-Agent-Ops-6K has 71 transformers rows of 6,000 (1.2%). Half a percent of the seed draws on
 # transformers seeds gives 4 of 200 composed tasks (2%, seeds 0-1) whose chain holds one; families
 # weighted alike across both packages gave 55% (transformers has 9 of the 21 families).

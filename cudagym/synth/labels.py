@@ -22,6 +22,9 @@ NON_OP_METHODS = frozenset({
     "type_as", "cpu", "cuda", "detach", "requires_grad_", "register_buffer", "register_parameter",
 })
 _LABELLED_ROOTS = ("torch", "transformers")
+# CUDA-Agent-Ops-6K as released (6,000 rows): rows per data_source, what a build is compared with.
+OPS_6K_SOURCES: Mapping[str, int] = {"torch#1": 204, "torch#2": 5026, "torch#3": 457, "torch#4": 168, "torch#5": 74,
+                                     "transformers": 71}
 
 
 def ops_from_code(code: str) -> list[str]:

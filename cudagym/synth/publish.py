@@ -31,6 +31,7 @@ from typing import Protocol
 import datasets
 import yaml
 
+from cudagym.synth.labels import OPS_6K_SOURCES
 from cudagym.tasks import TaskError, read_rows
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ SPLIT = "train"
 PARQUET_PATH = f"data/{SPLIT}-00000-of-00001.parquet"  # the name push_to_hub gives a single shard
 CARD_TEMPLATE = "cudagym_ops.md"
 PRETTY_NAME = "cudagym Ops, fused-operator CUDA kernel tasks"
-PAPER_K2_SHARE = 0.8377  # CUDA-Agent-Ops-6K: share of tasks with K=2 (the only K the paper reports)
 
 # The row schema, declared once: types never depend on inference (an all-empty list column stays list<string>).
 FEATURES = datasets.Features({
@@ -322,11 +322,15 @@ def _k_table(k_distribution: dict) -> str:
 
 
 def _k_comparison(k_distribution: dict) -> str:
+    """Each K's share here beside CUDA-Agent-Ops-6K's (its torch rows, as released)."""
     counts = dict(_k_counts(k_distribution))
     total = sum(counts.values())
-    here = f"{100 * counts.get(2, 0) / total:.2f}%" if total else "–"
-    return (f"K=2 is {here} of the tasks here; in CUDA-Agent-Ops-6K it is {100 * PAPER_K2_SHARE:.2f}% "
-            "(the paper gives no split of the rest).")
+    theirs = {int(s.split("#")[1]): n for s, n in OPS_6K_SOURCES.items() if s.startswith("torch#")}
+    their_total = sum(theirs.values())
+    rows = [[k, counts.get(k, 0), f"{100 * counts.get(k, 0) / total:.2f}%" if total else "–",
+             theirs.get(k, 0), f"{100 * theirs.get(k, 0) / their_total:.2f}%"] for k in sorted(set(counts) | set(theirs))]
+    return ("Against CUDA-Agent-Ops-6K as released (its torch rows):\n\n"
+            + _md_table(["K", "tasks here", "share", "CUDA-Agent-Ops-6K", "its share"], rows))
 
 
 def _contamination_table(contamination: dict) -> str:

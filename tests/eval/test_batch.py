@@ -172,6 +172,24 @@ def release_when_a_judge_waits(release, wait_s: float = 1.0) -> None:
     release.set()
 
 
+def test_a_stopped_judge_counts_a_deferred_or_out_of_memory_task_as_unfinished_not_failed(monkeypatch):
+    """A GPU-only path (the memory ledger defers nothing on the CPU): the judge's process is stood in
+    for by what it had written when the batch was stopped. On the H200 such a stop reported a
+    deferred 130 GiB problem as failed."""
+    import cudagym.eval.evaluate as evaluate
+
+    timed = {"t_eager_ms": 1.0, "t_compile_ms": 0.9}
+    deferred = {"deferred": True, "reason": "130.0 GiB of GPU memory not free after 10 s"}
+    oom = {"status": "runtime_error", "reason": "OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB."}
+
+    def stopped(*args, **kwargs):
+        raise evaluate.Interrupted([timed, deferred, oom])
+
+    monkeypatch.setattr(evaluate, "run_judge", stopped)
+    tasks = [task(40), task(41), task(42), task(43)]
+    assert run_reference_jobs(tasks, "baseline", EvalConfig(device="cpu")) == [timed, None, None, None]
+
+
 def test_a_stopped_batch_keeps_what_its_judges_had_finished_and_starts_nothing_new(tmp_path, monkeypatch):
     """Ctrl-C (or a time limit's SIGINT) in the middle of a chunk: the chunk's finished task is
     recorded, the hanging one and the one after it are not, and no judge outlives the batch."""

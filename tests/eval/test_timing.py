@@ -13,7 +13,7 @@ from cudagym.eval.timing import TIMING_MODES, Timer, adaptive_reps, summarize
 
 
 def test_timing_modes():
-    assert set(TIMING_MODES) == {"strict", "paper"}
+    assert set(TIMING_MODES) == {"strict", "paper", "kernelbench"}
 
 
 def test_constant_series_stops_early():

@@ -105,9 +105,10 @@ def test_gpu_scale_bounds_every_input_and_weight_not_only_intermediates(seeds):
 def test_k_distribution_follows_config(seeds):
     rng = random.Random(0)
     counts = Counter(sample_k(PAPER_K_DISTRIBUTION, rng) for _ in range(5000))
-    assert counts[1] == 0
-    assert abs(counts[2] / 5000 - 0.8377) < 0.02
-    assert counts[3] > counts[4] > counts[5] > 0
+    # CUDA-Agent-Ops-6K's torch rows as released: K=1 204, 2 5,026, 3 457, 4 168, 5 74 of 5,929.
+    for k, released in {1: 204, 2: 5026, 3: 457, 4: 168, 5: 74}.items():
+        assert abs(counts[k] / 5000 - released / 5929) < 0.015, (k, counts[k])
+    assert counts[3] > counts[1] > counts[4] > counts[5] > 0
     step = ComposeStep(ComposeConfig(n_tasks=40, seed=7, k_distribution={2: 0.5, 3: 0.5}))
     ks = Counter(t.provenance["k"] for t in step.run(seeds))
     assert set(ks) == {2, 3} and min(ks.values()) >= 10

@@ -172,7 +172,7 @@ def test_card_shows_funnel_k_distribution_contamination_and_regeneration(rows, f
     assert "| decontaminate | 7 | 4 | 3 | `parity` 2, `strong` 1 |" in card
     assert "| label | 4 | 4 | 0 | – |" in card
     assert "| 2 | 2 | 50.00% |" in card and "| 3 | 1 | 25.00% |" in card
-    assert "K=2 is 50.00% of the tasks here; in CUDA-Agent-Ops-6K it is 83.77%" in card
+    assert "| 2 | 2 | 50.00% | 5026 | 84.77% |" in card and "| 5 | 0 | 0.00% | 74 | 1.25% |" in card
     assert "| parity | 0.812 | 0.31 | 0.7 | 0 |" in card
     assert "KernelBench v0.1 L1-3 (250 problems)" in card
     assert "cudagym dataset build --out out/ops6k --composer programmatic --target 6000 --seed 7\n" in card
