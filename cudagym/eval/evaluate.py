@@ -33,6 +33,10 @@ PRECISIONS = ("strict", "kernelbench")
 _LIVE_JUDGES: set[subprocess.Popen] = set()  # so an interrupted batch can stop them (they run in their own sessions)
 _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_live_judges: a judge that ends now was killed, not finished
+# Stops so far. A stop's clear_stop can come before one of its killed judges is reaped (a drain that
+# gave up after DRAIN_S, another batch of the same process): a judge that dies with no result was
+# stopped, not failed, if any stop came while it ran.
+_STOPS = 0
 
 
 class Interrupted(Exception):
@@ -46,8 +50,10 @@ class Interrupted(Exception):
 def stop_live_judges() -> None:
     """Kill every judge this process started that is still running (and, with it, its runner);
     the threads waiting on them raise Interrupted, carrying what was finished."""
+    global _STOPS
     _STOPPING.set()
     with _LIVE_LOCK:
+        _STOPS += 1
         for proc in list(_LIVE_JUDGES):
             kill_tree(proc.pid)
 
@@ -305,6 +311,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
             with _LIVE_LOCK:
                 _LIVE_JUDGES.add(proc)
+                stops = _STOPS
                 if _STOPPING.is_set():  # the batch was stopped after the check above: this judge was started too late
                     kill_tree(proc.pid)
             try:
@@ -323,7 +330,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
             reason, stalled = killed
             return {"status": "timeout", "reason": f"{reason} (the judge was {judge_phase(workdir)})", "stalled": stalled,
                     **({"results": done} if done is not None else {})}
-        if not os.path.exists(result_path) and _STOPPING.is_set():
+        if not os.path.exists(result_path) and (_STOPPING.is_set() or _STOPS != stops):
             raise Interrupted(done)
         if not os.path.exists(result_path):
             tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-1:] if os.path.exists(log_path) else []

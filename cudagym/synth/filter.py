@@ -113,6 +113,7 @@ class FilterResult:
     wait_s: float | None = None  # waiting for the GPU: its memory budget, the shared and the exclusive lock
     inputs_s: float | None = None  # building the model and its inputs
     checks_s: float | None = None  # the checks, the compile apart
+    call_s: float | None = None  # a scale-search probe's untimed eager calls (one-off costs; a monster's answer)
 
     @property
     def phases(self) -> dict | None:
@@ -125,7 +126,7 @@ class FilterResult:
                 "t_compile_ms": self.t_compile_ms, "device": self.device}
 
 
-PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
+PHASES = ("inputs_s", "call_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
 
 
 def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: bool = False) -> str:

@@ -227,6 +227,31 @@ def test_a_stopped_batch_keeps_what_its_judges_had_finished_and_starts_nothing_n
     assert "passthrough" in run_reference_jobs([task(4)], "audit", EvalConfig(device="cpu", n_checks=2))[0]["accepts"]
 
 
+def test_a_judge_alive_across_a_stop_is_unfinished_even_when_the_stop_was_cleared_before_it_was_reaped():
+    """A stop kills every judge of the process, and its clear_stop can come before a thread has reaped
+    its killed judge (a drain that gave up, another batch of the same process). That judge was
+    stopped: its task is unfinished (None), never a failed result, which a build or a baseline run
+    would store for good."""
+    import threading
+
+    from cudagym.eval import evaluate
+
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(results=run_reference_jobs(
+        [task(5, code=HANGING)], "audit", EvalConfig(device="cpu", n_checks=2, timeout_s=200))))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not evaluate._LIVE_JUDGES and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert evaluate._LIVE_JUDGES
+    time.sleep(1.0)
+    evaluate.stop_live_judges()  # the stop and its clear, before the runner's thread has reaped the judge
+    evaluate.clear_stop()
+    runner.join(60)
+    assert not runner.is_alive() and out["results"] == [None]
+    assert not evaluate._LIVE_JUDGES
+
+
 def test_a_verdict_shows_how_far_the_live_eager_time_strays_from_the_cached_baseline(tmp_path):
     """The compile time comes from the cache; the eager time is timed live. Their ratio to the cached
     eager time tells a user whether speedup_vs_compile was measured with the GPU in the same state."""

@@ -64,7 +64,7 @@ def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path
     assert report["state"]["packed_bytes"] == (tmp_path / "state.tar.gz").stat().st_size
     seconds = report["judge_seconds"]
     assert seconds["scale_search"] == {"candidates": 0, "probes": 0, "reasons": {}}  # no --scale search here
-    assert seconds["filter"]["checks_s"]["n"] == filtered and seconds["filter"]["checks_s"]["sum"] > 0
+    assert seconds["filter"]["checks_s"]["n"] == filtered  # every decision; ms each on the CPU (its sum may round to 0.0)
     md = (tmp_path / "r2" / "report.md").read_text()
     assert "Filter judge seconds (sum / median over decisions): inputs" in md
     assert f"| all | 90.0 |" in md and "| torch#2 |" in md and "0 of 5 published rows" in md
