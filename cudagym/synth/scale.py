@@ -41,6 +41,17 @@ REASONS = {
 }
 
 
+# Operators whose time grows far faster than the elements a scale adds, so that the default first probe
+# (or a large step up) runs for seconds: iterative decompositions (SVD, pseudo-inverse, symmetric
+# eigenvalues) and CUDA's per-sample loop of the multilabel margin loss. On the H200 (sessions 19-20)
+# the probes over 300 ms (~100 s of the ~116 s of eager time of 558 probes, each holding the GPU while
+# the rest of its wave waited) were first probes or steps up of chains with these where the chain is
+# known: svdvals and pinv at scale 16 1.7-2.1 s a call, eigvalsh 0.54 s, a pinv chain stepped from
+# scale 1 (1.2 ms) to 10 took 21 s, a multilabel-margin chain at 16 37 s. Other linear algebra and
+# recurrent layers (logdet, matrix_exp, inv, cholesky, GRU, LSTM) landed inside at 16 (3-36 ms).
+STEEP_OPS = frozenset({"svdvals", "pinv", "eigvalsh", "multilabel_margin_loss", "MultiLabelMarginLoss"})
+
+
 @dataclass(frozen=True)
 class ScaleSearch:
     window_ms: tuple[float, float]  # the filter's eager window (GPU: 1-100 ms)
@@ -49,6 +60,10 @@ class ScaleSearch:
     start: int = 16  # the first probe (the H200 runs used 16 and 32)
     max_probes: int = 6  # eager timings per candidate: each one is a judge call
     exponent: float = 2.0  # time ~ scale^exponent until two probes give a slope (most dims scale, batch too)
+    # A steep chain (`STEEP_OPS`): its first probe, and the most a probe may grow the scale over a
+    # too-fast one (a slope fitted at small scales understates what comes)
+    steep_start: int = 2
+    steep_step: float = 2.0
 
     def __post_init__(self):
         lo, hi = self.window_ms
@@ -59,6 +74,8 @@ class ScaleSearch:
                              f"{self.max_scale}")
         if self.max_probes < 1 or self.exponent <= 0:
             raise ValueError("max_probes must be >= 1 and exponent > 0")
+        if not self.min_scale <= self.steep_start or self.steep_step <= 1:
+            raise ValueError(f"need min_scale <= steep_start and steep_step > 1, got {self.steep_start}, {self.steep_step}")
 
 
 @dataclass(frozen=True)
@@ -122,12 +139,15 @@ def _slope(probes: dict[int, float | None]) -> float | None:
     return slope if slope > 0.25 else None  # flat (launch-bound) or noisy: the default exponent is safer
 
 
-def search_scale(measure: Callable[[int], float | None], fits: Callable[[int], bool], config: ScaleSearch) -> ScaleChoice:
-    """The scale whose eager time lands in the window, found with at most `max_probes` measurements."""
+def search_scale(measure: Callable[[int], float | None], fits: Callable[[int], bool], config: ScaleSearch,
+                 steep: bool = False) -> ScaleChoice:
+    """The scale whose eager time lands in the window, found with at most `max_probes` measurements.
+    steep: the chain's time may grow much faster than its elements (`STEEP_OPS`): the search
+    starts at `steep_start` and grows the scale by at most `steep_step` a probe."""
     low_ms, high_ms = config.window_ms
     target = math.sqrt(low_ms * high_ms)
     bound = FitBound(fits, config.min_scale, config.max_scale)
-    scale = bound.largest_at_most(config.start)
+    scale = bound.largest_at_most(min(config.steep_start, config.start) if steep else config.start)
     if scale is None:
         return ScaleChoice(None, None, "no_fit")
     lo, hi = config.min_scale, config.max_scale  # the scales still possible
@@ -144,6 +164,8 @@ def search_scale(measure: Callable[[int], float | None], fits: Callable[[int], b
             guess = (lo * hi) ** 0.5
         else:
             guess = scale * (target / t) ** (1.0 / (_slope(probes) or config.exponent))
+            if steep and t < low_ms:
+                guess = min(guess, math.floor(scale * config.steep_step))
         scale = _next_scale(round(guess), lo, hi, bound)
         if scale in probes:  # the model points at a probed scale: bisect the bracket instead
             scale = _next_scale(round((lo * min(hi, bound.hi)) ** 0.5), lo, hi, bound)
@@ -198,7 +220,8 @@ def size_chain(seeds: Sequence[Seed], measure: Callable[[Task], float | None], c
         task = chain(scale)
         return None if isinstance(task, Reject) else measure(task)
 
-    choice = search_scale(timed, lambda scale: isinstance(chain(scale), Task), config)
+    steep = any(STEEP_OPS.intersection(seed.ops) for seed in seeds)
+    choice = search_scale(timed, lambda scale: isinstance(chain(scale), Task), config, steep=steep)
     task = chain(choice.scale) if choice.reason == "in_window" else None
     return (task if isinstance(task, Task) else None), choice
 

@@ -38,6 +38,22 @@ def test_lands_in_the_window_in_few_probes(runtime):
     assert calls[0] == 16  # the first probe is the start
 
 
+def test_a_steep_chain_starts_small_and_grows_at_most_twofold_a_probe():
+    """Chains with a STEEP_OPS operator (an SVD, a pseudo-inverse: cubic and more): the default first
+    probe at 16 of a chain taking 6 ms at scale 1 would run for seconds, holding the GPU."""
+    svd_like = lambda s: 6.0 * s ** 3  # noqa: E731 - 6 ms at 1, 24.6 s at 16
+    measure, calls = _probe_counter(svd_like)
+    choice = search_scale(measure, lambda s: True, ScaleSearch(GPU_WINDOW), steep=True)
+    assert choice.reason == "in_window" and calls == [2] and choice.eager_ms == 48.0
+    measure, calls = _probe_counter(svd_like)
+    assert search_scale(measure, lambda s: True, ScaleSearch(GPU_WINDOW)).reason == "in_window" and calls[0] == 16
+    # cheap at small scales, it still climbs, never more than doubling the scale over a too-fast probe
+    measure, calls = _probe_counter(lambda s: 1e-3 * s ** 2)
+    choice = search_scale(measure, lambda s: True, ScaleSearch(GPU_WINDOW), steep=True)
+    assert choice.reason == "in_window" and calls == [2, 4, 8, 16, 32]
+    assert all(b <= 2 * a for a, b in zip(calls, calls[1:]))
+
+
 def test_the_memory_bound_caps_the_scale():
     fits = lambda s: s <= 24  # noqa: E731
     bound = FitBound(fits, 1, 128)
@@ -83,7 +99,8 @@ def test_a_time_that_jumps_over_the_window_is_reported():
 
 def test_config_checks():
     for bad in [dict(window_ms=(5.0, 1.0)), dict(window_ms=(1.0, 100.0), start=0),
-                dict(window_ms=(1.0, 100.0), max_probes=0), dict(window_ms=(1.0, 100.0), start=256)]:
+                dict(window_ms=(1.0, 100.0), max_probes=0), dict(window_ms=(1.0, 100.0), start=256),
+                dict(window_ms=(1.0, 100.0), min_scale=2, steep_start=1), dict(window_ms=(1.0, 100.0), steep_step=1.0)]:
         with pytest.raises(ValueError):
             ScaleSearch(**bad)
 
@@ -102,6 +119,10 @@ def test_size_chain_recomposes_real_seeds_at_the_chosen_scale():
     assert choice.reason == "in_window" and task is not None, choice
     assert 10.0 <= measure(task) <= 40.0 and measure(task) == choice.eager_ms and len(choice.probes) >= 2
     assert f"in_channels = {8 * choice.scale}" in task.code  # every dim times the scale
+    assert next(iter(choice.probes)) == 2  # the start given: the chain has no steep operator
+    steep = [by_id["torch.linalg.svdvals"], by_id["torch.nn.ReLU"]]
+    _, choice = size_chain(steep, measure, ScaleSearch((10.0, 40.0), max_scale=32, start=16, steep_start=3))
+    assert next(iter(choice.probes)) == 3  # svdvals: the steep start, not 16
     assert all(t is None or t > 0 for t in choice.probes.values()) and len(choice.probes) <= 6
     # the composer's element bound is the memory bound: a window no scale under it reaches
     task, choice = size_chain(seeds, measure, ScaleSearch((1e6, 2e6), max_scale=512))
