@@ -44,7 +44,7 @@ REASONS = {
 # Operators whose time grows far faster than the elements a scale adds, so that the default first probe
 # (or a large step up) runs for seconds: iterative decompositions (SVD, pseudo-inverse, symmetric
 # eigenvalues) and CUDA's per-sample loop of the multilabel margin loss. On the H200 (sessions 19-20)
-# the probes over 300 ms (~100 s of the ~116 s of eager time of 558 probes, each holding the GPU while
+# the probes over 300 ms (114 s of the 116 s of eager time of 558 probes, each holding the GPU while
 # the rest of its wave waited) were first probes or steps up of chains with these where the chain is
 # known: svdvals and pinv at scale 16 1.7-2.1 s a call, eigvalsh 0.54 s, a pinv chain stepped from
 # scale 1 (1.2 ms) to 10 took 21 s, a multilabel-margin chain at 16 37 s. Other linear algebra and
