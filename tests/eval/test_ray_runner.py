@@ -235,16 +235,23 @@ def test_a_stopped_ray_batch_keeps_what_its_judges_had_finished(cluster, tmp_pat
     from cudagym.eval.batch import dispatch_reference
     from cudagym.tasks import Task
 
-    codes = [HANGING_CHUNK.format(body=b) for b in ("torch.relu(x)", "__import__('time').sleep(300) or x", "x * 2")]
+    mark = f"stopped-batch-{os.getpid()}-{time.time_ns()}"  # this test's judge, not one an earlier test left
+    codes = [HANGING_CHUNK.format(body=b) + f"# {mark}\n"
+             for b in ("torch.relu(x)", "__import__('time').sleep(300) or x", "x * 2")]
     tasks = [Task(id=f"t{i}", name=f"{i}_t", code=c, level=1, problem_id=i) for i, c in enumerate(codes, 1)]
     recorded: dict[str, dict] = {}
-    started = time.time()
+
+    def ours(workdir: Path) -> bool:
+        try:
+            return mark in (workdir / "request.json").read_text()
+        except OSError:
+            return False
 
     def stop_after_first_task() -> None:  # judges write a line per finished task into their workdir
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for lines in Path(tempfile.gettempdir()).glob("cudagym-judge-*/results.jsonl"):
-                if lines.stat().st_mtime >= started and lines.read_text().count("\n") >= 1:
+                if lines.read_text().count("\n") >= 1 and ours(lines.parent):
                     os.kill(os.getpid(), signal.SIGINT)
                     return
             time.sleep(0.1)
