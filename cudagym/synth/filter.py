@@ -113,7 +113,6 @@ class FilterResult:
     wait_s: float | None = None  # waiting for the GPU: its memory budget, the shared and the exclusive lock
     inputs_s: float | None = None  # building the model and its inputs
     checks_s: float | None = None  # the checks, the compile apart
-    call_s: float | None = None  # a scale-search probe's untimed eager calls (one-off costs; a monster's answer)
 
     @property
     def phases(self) -> dict | None:
@@ -126,15 +125,19 @@ class FilterResult:
                 "t_compile_ms": self.t_compile_ms, "device": self.device}
 
 
-PHASES = ("inputs_s", "call_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
+PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
+# a scale-search probe's seconds (judge.probe_task): call_s, its untimed eager calls (one-off costs, or
+# a monster's whole answer), is where a probe wave's GPU time goes besides its timing
+PROBE_PHASES = ("call_s", "timing_s", "wait_s")
 
 
-def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: bool = False) -> str:
+def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: bool = False,
+              phases: tuple[str, ...] = PHASES) -> str:
     """One line on a pass of judges: its tasks (those finished of n, when stopped), wall time, and the
     judges' seconds per phase (sum and median over the tasks that report it): where a faster build has
     to cut. A stopped pass says so: a pass that never ends is the one whose line matters most."""
     parts = []
-    for key in PHASES:
+    for key in phases:
         values = sorted(m[key] for m in measured if isinstance(m.get(key), (int, float)))
         if values:
             parts.append(f"{key[:-2]} {sum(values):.0f} (median {values[len(values) // 2]:.2f})")
@@ -144,7 +147,8 @@ def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: 
 
 
 @contextlib.contextmanager
-def reported_pass(say: Callable[[str], None] | None, what: str, n: int, measured: Iterable[dict]):
+def reported_pass(say: Callable[[str], None] | None, what: str, n: int, measured: Iterable[dict],
+                  phases: tuple[str, ...] = PHASES):
     """Around a pass of judges of n tasks: say its `pass_line` (over `measured`, as filled by then)
     when it ends, or is stopped."""
     t0, stopped = time.monotonic(), True
@@ -153,7 +157,7 @@ def reported_pass(say: Callable[[str], None] | None, what: str, n: int, measured
         stopped = False
     finally:
         if say:
-            say(pass_line(what, n, time.monotonic() - t0, list(measured), stopped))
+            say(pass_line(what, n, time.monotonic() - t0, list(measured), stopped, phases))
 
 
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
@@ -280,7 +284,7 @@ def eager_times(tasks: list[Task], config: FilterConfig, pool, say: Callable[[st
 
     measured: dict[str, dict] = {}
     chunk = even_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
-    with reported_pass(say, "scale search probes", len(tasks), measured.values()):
+    with reported_pass(say, "scale search probes", len(tasks), measured.values(), PROBE_PHASES):
         run_references(pool, chunks_of(tasks, chunk), "filter-probe",
                        lambda task, env, result: measured.__setitem__(task.id, result),
                        f"scale search: time {len(tasks)} probes, {chunk} per judge")
