@@ -30,6 +30,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cudagym.synth.filter import PHASES  # noqa: E402
 from cudagym.synth.labels import OPS_6K_SOURCES  # noqa: E402
 
 PAPER_SOURCES = OPS_6K_SOURCES  # CUDA-Agent-Ops-6K's composition (6,000 tasks): data_source -> tasks
@@ -84,7 +85,8 @@ def judge_seconds(build: Path) -> dict:
     finally:
         db.close()
     filter_s = {}
-    for name in dict.fromkeys(k for p in phases for k in p):  # as recorded, in their order
+    recorded = dict.fromkeys(k for p in phases for k in p)
+    for name in [k for k in PHASES if k in recorded] + [k for k in recorded if k not in PHASES]:  # a judge's order
         values = [p[name] for p in phases if p.get(name) is not None]
         filter_s[name] = {"n": len(values), "sum": round(sum(values), 1), "median": round(statistics.median(values), 3)}
     probes = [len(json.loads(p)) for _, p in sized]
@@ -187,8 +189,8 @@ def markdown(r: dict) -> str:
         lines.append(f"| {scale} | {c['filtered']} | {c.get('kept', 0)} | {c.get('too_fast', 0)} | {c.get('too_slow', 0)} | {other} |")
     sec = r["judge_seconds"]
     search = sec["scale_search"]
-    lines += ["", f"Scale search: {search['candidates']} candidates, {search['probes']} probes, "
-              + ", ".join(f"{k} {v}" for k, v in sorted(search["reasons"].items())) + ".",
+    lines += ["", f"Scale search: {search['candidates']} candidates, {search['probes']} probes"
+              + "".join(f", {k} {v}" for k, v in sorted(search["reasons"].items())) + ".",
               "Filter judge seconds (sum / median over decisions): "
               + (", ".join(f"{k[:-2]} {v['sum']} / {v['median']}" for k, v in sec["filter"].items()) or "not recorded") + "."]
     g, e, st = r["re_executed_on_gpu"], r["kept_eager_ms"], r["state"]

@@ -968,7 +968,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import duckdb
+
     from cudagym.tasks import TaskError
+    from cudagym.tasks.db import interrupted
 
     try:
         args = build_parser().parse_args(argv)
@@ -982,8 +985,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, TaskError, ValueError, OSError) as e:
         print(f"cudagym: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as e:
-        where = f"; {e}" if str(e) else ""  # an eval one's judge says where it was (evaluate.judge_phase)
+    except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
+        if not interrupted(e):  # Ctrl-C, also when DuckDB took it mid-statement (tasks.db.interrupted)
+            raise
+        where = f"; {e}" if isinstance(e, KeyboardInterrupt) and str(e) else ""  # an eval one's judge says where it was (evaluate.judge_phase)
         print(f"cudagym: interrupted{where} (results stored so far are kept; re-run to resume)", file=sys.stderr)
         return 130
 

@@ -438,9 +438,9 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
                        on_result: Callable[[int, dict], None] | None = None) -> list[dict]:
     """The same for several tasks in one judge process, so torch, CUDA and inductor start once.
     A task that does not finish within one task's budget times out there (its judge is killed then,
-    not after the n budgets of its n tasks). The tasks after it, those of a judge that died, and
-    those that ran out of memory beside other judges are run again one per process (compile-ahead
-    `warm` judges: the tasks after the one it ended on, in one new judge). If the batch
+    not after the n budgets of its n tasks), and the tasks after it run in one new judge. The tasks
+    of a judge that died, and those that ran out of memory beside other judges, are run again one per
+    process (compile-ahead `warm` judges: the tasks after the one it ended on, in one new judge). If the batch
     is stopped, the tasks the judge had not finished are None. on_result(i, result) is called (in
     this thread) once with each task's final result the moment it is known, while the judge runs on."""
     reported: set[int] = set()
@@ -482,6 +482,13 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
         result = done[i] if i < len(done) else None
         if i == len(done) and judged.get("stalled"):  # the task it hung on used its whole budget: not run again
             result = {"status": "timeout", "reason": judged["reason"]}
+            report(i, result)
+            # The tasks after it go to one new judge, not a process each: the culprit is known, and on the
+            # H200 a scale-search probe that hung a judge of ten left nine process starts in a row.
+            later = run_reference_jobs(tasks[i + 1:], mode, config, compile_baseline,
+                                       on_result=(lambda j, r: report(i + 1 + j, r)) if on_result else None
+                                       ) if i + 1 < len(tasks) else []
+            return results + [result] + later
         if again(result):
             result = run_reference_job(task, mode, config, compile_baseline)
         report(i, result)

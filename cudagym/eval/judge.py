@@ -980,6 +980,11 @@ def time_reference(model, compiled, sets: list[list], device: str, timing_mode: 
         return out
     eager, comp, eager_parts, comp_parts = [], [], [], []
     about = trace_about(req)
+    with torch.no_grad():  # one untimed call each: a fresh process's lazy module loads and library handles
+        model(*sets[0])
+        if compiled is not None:
+            compiled(*sets[0])
+    timer.sync()
 
     def rep(i: int) -> float:
         with torch.no_grad():
@@ -1429,8 +1434,10 @@ def probe_task(ev: Evaluation) -> dict:
         t0 = time.perf_counter()
         with gpu_lock(req.lock_path, exclusive=req.exclusive):  # shared: judges build and warm up side by side
             out["wait_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
             ev.build_model()
             inputs = make_inputs(ev.ref, ev.new_seed(), req.device)
+            out["inputs_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             run_reference(ev.model, inputs)  # lazy kernel loading, library handles: not timed
             call_s = synced_since(t0, req.device)
@@ -1460,9 +1467,23 @@ def probe_task(ev: Evaluation) -> dict:
 WARM_NICENESS = 10  # inherited by the compile workers of a warm judge
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (its interpreter's start and imports, torch's among them, when
+    asked at main's entry); None where /proc does not say."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main(argv: list[str]) -> int:
     from cudagym.tasks.sandbox import die_with_parent, isolate
 
+    started_s = process_age_s()  # a judge's start, before its first task: what a pass of short tasks pays per judge
     if os.environ.get("CUDAGYM_EVAL_PID"):  # killed with the process that waits on it (an eval one SIGKILLed)
         die_with_parent(int(os.environ["CUDAGYM_EVAL_PID"]))
     request_path = argv[1]
@@ -1485,6 +1506,8 @@ def main(argv: list[str]) -> int:
                 last = i == len(req.ref_codes) - 1  # deferring the last task gains nothing
                 result = evaluate_or_explain(dataclasses.replace(req, ref_code=code, defer_memory_s=None if last
                                                                  else req.defer_memory_s), sandbox)
+                if i == 0 and started_s is not None:  # the judge's start, once per judge: summed over a pass's judges
+                    result["start_s"] = started_s
                 lines.write(json.dumps(result) + "\n")
                 lines.flush()
                 if result.get("compiled_elsewhere") or result.get("deferred"):  # nothing was built: nothing to release

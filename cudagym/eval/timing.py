@@ -46,6 +46,19 @@ TRACE_ENV = "CUDAGYM_TIMING_TRACE"
 
 SPIN_START_US = 250.0  # a rep's spin: longer than the host's path through a fast call (17-192 us on the H200)
 SPIN_MAX_US = 20_000.0  # a call whose host path is longer is host-bound: its exposed host time is its time
+SPIN_HISTORY = 5  # the host paths of the last reps the spin is sized from
+
+
+def next_spin_us(host_ms: list[float]) -> float:
+    """The next rep's spin, from the host's paths through the last SPIN_HISTORY reps (ms): twice their
+    median, within [SPIN_START_US, SPIN_MAX_US]. The median, so that one stalled path (a kernel module
+    loaded lazily on a process's first call, the thread descheduled on a loaded host) costs a rep or
+    two: a spin that only ever grew kept every later rep of that timer at the 20 ms cap, which on the
+    H200 (session 21) made a rep of a 0.04 ms call cost 19 ms and the dataset filter's timing 0.44 s
+    a task, where 10 rep pairs of its ~6 ms of calls need ~0.1 s."""
+    recent = sorted(host_ms[-SPIN_HISTORY:])
+    median = (recent[(len(recent) - 1) // 2] + recent[len(recent) // 2]) / 2 if recent else 0.0
+    return min(SPIN_MAX_US, max(SPIN_START_US, 2e3 * median))
 
 
 class Timer:
@@ -73,6 +86,7 @@ class Timer:
         self._flush_buf = torch.empty(max(2 * l2_bytes, 128 * 2**20) // 4, dtype=torch.float32, device=device)
         self._cudart = _load_cudart()
         self.spin_us = SPIN_START_US
+        self.host_ms: list[float] = []  # the last reps' host paths (next_spin_us)
         self._cycles_per_us = self._calibrate() if self.queued else 0.0
 
     def _calibrate(self) -> float:
@@ -121,7 +135,8 @@ class Timer:
         in last_parts: its whole window (device-wide synchronised at both ends, as method "window") =
         the spin + the call + the tail (the synchronisation's wake-up and whatever work outlasted the
         call's stream); the host's time to enqueue the call; whether that outlasted the spin (`exposed`:
-        then the call's time holds host time too, and the next rep spins longer)."""
+        then the call's time holds host time too). The next rep's spin follows the recent host paths
+        (`next_spin_us`)."""
         event = lambda: self._event(enable_timing=True)  # noqa: E731
         w0, start, end, w1 = event(), event(), event(), event()
         self._sync()
@@ -139,8 +154,8 @@ class Timer:
         exposed = host_ms >= spin  # the GPU reached `start` before the host had enqueued the whole call
         self.last_parts = {"window_ms": self._elapsed(w0, w1), "spin_ms": spin, "call_ms": call, "tail_ms": tail,
                            "host_ms": host_ms, "exposed": int(exposed)}
-        if exposed:
-            self.spin_us = min(SPIN_MAX_US, max(2 * self.spin_us, 2e3 * host_ms))
+        self.host_ms = [*self.host_ms[-SPIN_HISTORY + 1:], host_ms]
+        self.spin_us = next_spin_us(self.host_ms)  # an exposed rep's path lengthens the next spin at once
         return call, out
 
     def _time_traced(self, fn: Callable[[], object]) -> tuple[float, object]:

@@ -33,11 +33,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
+import duckdb
+
 from cudagym.synth.compose import PAPER_K_DISTRIBUTION, TRANSFORMERS_SHARE, ComposeConfig, ComposeStep, ComposeStopped
 from cudagym.synth.labels import data_source_of, ops_from_code
 from cudagym.synth.filter import FilterConfig, FilterResult, run_filter
 from cudagym.tasks import Task, TaskError, sha256_text
-from cudagym.tasks.db import connect
+from cudagym.tasks.db import connect, interrupted
 
 log = logging.getLogger(__name__)
 
@@ -604,7 +606,9 @@ def build_dataset(config: BuildConfig) -> dict:
                 select(store, config, filter_more=wanted)
         except ComposeStopped as e:  # endpoint down, call cap spent, Ctrl-C while composing
             stopped = (e.reason, "; ".join(filter(None, [str(e), e.progress])))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
+            if not interrupted(e):  # Ctrl-C, also when DuckDB took it mid-statement
+                raise
             stopped = ("interrupted", INTERRUPTED)
         if stopped is None and len(labelled) < config.target:
             log.warning("build: %d of %d rows after %d rounds", len(labelled), config.target, config.max_rounds)

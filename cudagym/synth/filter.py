@@ -68,6 +68,12 @@ class FilterConfig:
     probe_chunk: int = 16  # probes per judge process: judges start (torch, CUDA) once per chunk
     probe_reps: tuple[int, int] = (3, 10)
     probe_timing_s: float = 0.5
+    # One probe's budget (its judge's start included for the first): a chain whose first call runs for
+    # minutes holds the GPU, and every probe of its wave waits behind it. On the H200 (session 21) one
+    # probe ran past 200 s with the GPU at 100% and the rest of its wave of 148 waiting until the call
+    # ended. Beyond the budget the probe times out (the search takes a smaller scale), and the rest of
+    # its judge's probes go to a new judge. Capped by task_timeout_s (probe_config).
+    probe_timeout_s: float = 60.0
     # A first eager call, and a warm one after it, each longer than slow_factor x the window's max drop
     # the task as too_slow at once (no checks, compile or timing). Generous: up to `parallel` judges
     # share the GPU then.
@@ -77,8 +83,10 @@ class FilterConfig:
         lo, hi = self.window_ms
         if not 0 <= lo < hi:
             raise ValueError(f"runtime window must satisfy 0 <= min < max, got {lo}..{hi} ms")
-        if self.task_timeout_s <= 0 or min(self.parallel, self.chunk, self.timing_judges) < 1 or self.slow_factor <= 1:
-            raise ValueError("task_timeout_s, parallel, chunk and timing_judges must be positive, slow_factor above 1")
+        if (min(self.task_timeout_s, self.probe_timeout_s) <= 0 or min(self.parallel, self.chunk, self.timing_judges) < 1
+                or self.slow_factor <= 1):
+            raise ValueError("task_timeout_s, probe_timeout_s, parallel, chunk and timing_judges must be positive, "
+                             "slow_factor above 1")
         self.eval_config()  # device and the rest are checked where they are defined
 
     @property
@@ -96,8 +104,10 @@ class FilterConfig:
 
     def probe_config(self) -> EvalConfig:
         """The judges' settings for the scale search's probes: few reps, a short timing."""
+        budget = min(self.probe_timeout_s, self.task_timeout_s)  # never more than a task's own budget
         return replace(self.eval_config(), min_reps=self.probe_reps[0], max_reps=self.probe_reps[1],
-                       max_timing_s=self.probe_timing_s)
+                       max_timing_s=self.probe_timing_s, timeout_s=budget, build_timeout_s=budget,
+                       task_timeout_s=budget)
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,7 @@ class FilterResult:
     wait_s: float | None = None  # waiting for the GPU: its memory budget, the shared and the exclusive lock
     inputs_s: float | None = None  # building the model and its inputs
     checks_s: float | None = None  # the checks, the compile apart
+    start_s: float | None = None  # its judge's start (interpreter, imports), on a judge's first task only
 
     @property
     def phases(self) -> dict | None:
@@ -125,39 +136,51 @@ class FilterResult:
                 "t_compile_ms": self.t_compile_ms, "device": self.device}
 
 
-PHASES = ("inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
+PHASES = ("start_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s")  # a judge's seconds: FilterResult's fields
 # a scale-search probe's seconds (judge.probe_task): call_s, its untimed eager calls (one-off costs, or
 # a monster's whole answer), is where a probe wave's GPU time goes besides its timing
-PROBE_PHASES = ("call_s", "timing_s", "wait_s")
+PROBE_PHASES = ("start_s", "inputs_s", "call_s", "timing_s", "wait_s")
 
 
 def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: bool = False,
-              phases: tuple[str, ...] = PHASES) -> str:
+              phases: tuple[str, ...] = PHASES, done_at: list[float] | None = None) -> str:
     """One line on a pass of judges: its tasks (those finished of n, when stopped), wall time, and the
     judges' seconds per phase (sum and median over the tasks that report it): where a faster build has
-    to cut. A stopped pass says so: a pass that never ends is the one whose line matters most."""
+    to cut. A stopped pass says so: a pass that never ends is the one whose line matters most.
+    done_at: when each task's result came in (seconds into the pass): the line adds when half and all
+    of them had, so a pass whose tail is one slow judge (its last share, a long compile) shows it."""
     parts = []
     for key in phases:
         values = sorted(m[key] for m in measured if isinstance(m.get(key), (int, float)))
         if values:
             parts.append(f"{key[:-2]} {sum(values):.0f} (median {values[len(values) // 2]:.2f})")
     done = f"{len(measured)} of {n}" if stopped else f"{n}"
+    tail = ""
+    if done_at:
+        at = sorted(done_at)
+        tail = f"; half done at {at[(len(at) - 1) // 2]:.0f} s, the last at {at[-1]:.0f} s"
     return (f"{what}: {done} in {seconds:.0f} s{', stopped' if stopped else ''}; "
-            f"judge seconds {', '.join(parts) or 'none reported'}")
+            f"judge seconds {', '.join(parts) or 'none reported'}{tail}")
 
 
 @contextlib.contextmanager
-def reported_pass(say: Callable[[str], None] | None, what: str, n: int, measured: Iterable[dict],
-                  phases: tuple[str, ...] = PHASES):
-    """Around a pass of judges of n tasks: say its `pass_line` (over `measured`, as filled by then)
-    when it ends, or is stopped."""
+def reported_pass(say: Callable[[str], None] | None, what: str, n: int, phases: tuple[str, ...] = PHASES):
+    """Around a pass of judges of n tasks: yields add(measurement), to be called as each task's
+    result comes in; says the pass's `pass_line` over them when it ends, or is stopped."""
     t0, stopped = time.monotonic(), True
+    measured: list[dict] = []
+    done_at: list[float] = []
+
+    def add(measurement: dict) -> None:
+        measured.append(measurement)
+        done_at.append(time.monotonic() - t0)
+
     try:
-        yield
+        yield add
         stopped = False
     finally:
         if say:
-            say(pass_line(what, n, time.monotonic() - t0, list(measured), stopped, phases))
+            say(pass_line(what, n, time.monotonic() - t0, measured, stopped, phases, done_at))
 
 
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
@@ -225,17 +248,21 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     checked = dict(checked or {})  # pass 1's measurement of the tasks waiting for pass 2, by sha256
 
     def run_pass(shares: list[list[Task]], mode: str, on_task, description: str, what: str) -> None:
-        seen: list[dict] = []  # the pass's measurements, for its line
-        with reported_pass(say, what, sum(map(len, shares)), seen):
+        with reported_pass(say, what, sum(map(len, shares))) as seen:  # the pass's measurements, for its line
             run_references(pool, shares, mode,
-                           lambda task, env, measured: (seen.append(measured), on_task(task, env, measured)), description)
+                           lambda task, env, measured: (seen(measured), on_task(task, env, measured)), description)
 
     def record(task: Task, env: dict, measured: dict) -> None:
         if task.sha256 in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
-            first = checked[task.sha256]  # its compile is the real cost (pass 2's is a cache hit); waits add up
-            measured = {**first, **measured, "compile_s": first.get("compile_s") or measured.get("compile_s"),
-                        "wait_s": first.get("wait_s", 0.0) + measured.get("wait_s", 0.0),
-                        "inputs_s": first.get("inputs_s", 0.0) + measured.get("inputs_s", 0.0)}
+            # its compile is the real cost (pass 2's is a cache hit); waits, inputs and judge starts add up
+            first, second = checked[task.sha256], measured
+            measured = {**first, **second, "compile_s": first.get("compile_s") or second.get("compile_s"),
+                        "wait_s": first.get("wait_s", 0.0) + second.get("wait_s", 0.0),
+                        "inputs_s": first.get("inputs_s", 0.0) + second.get("inputs_s", 0.0)}
+            starts = [m["start_s"] for m in (first, second) if m.get("start_s") is not None]
+            measured.pop("start_s", None)
+            if starts:
+                measured["start_s"] = sum(starts)
         on_result(task, decide(measured, config.window_ms, env.get("gpu", "")))
 
     def record_checked(task: Task, env: dict, measured: dict) -> None:
@@ -284,9 +311,9 @@ def eager_times(tasks: list[Task], config: FilterConfig, pool, say: Callable[[st
 
     measured: dict[str, dict] = {}
     chunk = even_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
-    with reported_pass(say, "scale search probes", len(tasks), measured.values(), PROBE_PHASES):
+    with reported_pass(say, "scale search probes", len(tasks), PROBE_PHASES) as seen:
         run_references(pool, chunks_of(tasks, chunk), "filter-probe",
-                       lambda task, env, result: measured.__setitem__(task.id, result),
+                       lambda task, env, result: (measured.__setitem__(task.id, result), seen(result)),
                        f"scale search: time {len(tasks)} probes, {chunk} per judge")
 
     def eager_ms(result: dict | None) -> float | None:

@@ -34,10 +34,26 @@ def connect(path: str | Path, what: str = "database", *, option: str = "--db",
         raise DatabaseError(f"cannot open {what} {path}: directory {path.parent} does not exist")
     if path.is_dir():
         raise DatabaseError(f"cannot open {what} {path}: it is a directory")
+    if not is_duckdb_file(path):
+        # DuckDB itself would open a JSON, CSV or Parquet file as an in-memory database with the file as a
+        # view: every result written there would be lost when the run ends, without a word.
+        raise DatabaseError(f"cannot open {what} {path}: it is not a valid DuckDB database file (pass another {option})")
     try:
         return duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as e:
         raise error_of(e, path, what, option) from None
+
+
+def is_duckdb_file(path: Path) -> bool:
+    """Whether `path` may be handed to DuckDB: absent (DuckDB creates it), starting with DuckDB's header
+    (an 8-byte checksum, then the magic bytes DUCK), or empty or unreadable (DuckDB's own error says why,
+    through error_of)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(12)
+    except OSError:  # absent or unreadable
+        return True
+    return len(head) == 0 or head[8:12] == b"DUCK"
 
 
 def error_of(error: Exception, path: str | Path, what: str = "database", option: str = "--db") -> DatabaseError:
@@ -50,3 +66,11 @@ def error_of(error: Exception, path: str | Path, what: str = "database", option:
                               f" or use another {option}")
     line = _KIND.sub("", (text.splitlines() or [type(error).__name__])[0])
     return DatabaseError(f"cannot open {what} {path}: {line}")
+
+
+def interrupted(error: BaseException) -> bool:
+    """Whether `error` is Ctrl-C: a KeyboardInterrupt, or the error DuckDB raises in its place when the
+    signal lands while it runs a statement (it rolls that statement back; what was committed stays)."""
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    return isinstance(error, (RuntimeError, duckdb.Error)) and str(error).startswith("Query interrupted")

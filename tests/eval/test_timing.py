@@ -198,6 +198,48 @@ def test_profiled_records_span_the_work_and_not_the_host_before_it():
     worker.join()
 
 
+def test_the_spin_follows_the_recent_host_paths_so_one_stalled_rep_does_not_slow_every_later_one():
+    """The queued method's spin must outlast the host's path through the call, but one stalled path (a
+    lazy module load on a process's first call, a descheduled thread) must not keep every later rep
+    at the cap: on the H200 a spin that only grew made each rep of a 0.04 ms call cost 19 ms."""
+    from cudagym.eval.timing import SPIN_MAX_US, SPIN_START_US, next_spin_us
+
+    assert next_spin_us([]) == SPIN_START_US
+    assert next_spin_us([0.03]) == SPIN_START_US  # a fast call: the floor
+    assert next_spin_us([3.0]) == pytest.approx(6000.0)  # a launch-bound chain: twice its path, at once
+    assert next_spin_us([40.0]) == SPIN_MAX_US  # host-bound beyond the cap
+    paths, spins = [15.0] + [0.03] * 6, []  # a stall on the first rep, then fast reps
+    for i in range(len(paths)):
+        spins.append(next_spin_us(paths[: i + 1]))
+    assert spins[0] == SPIN_MAX_US and spins[2:] == [SPIN_START_US] * 5
+    assert next_spin_us([2.0, 2.0, 2.0, 2.0, 0.03]) == pytest.approx(4000.0)  # one fast rep keeps a long path's spin
+
+
+def test_reference_timing_makes_one_untimed_call_of_each_before_its_reps():
+    """A fresh judge's first call of a model loads its kernels and library handles: not the task's time."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from cudagym.eval.judge import time_reference
+
+    calls = {"eager": 0, "compiled": 0}
+
+    class Counted(torch.nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def forward(self, x):
+            calls[self.name] += 1
+            return x * 2
+
+    req = SimpleNamespace(min_reps=5, max_reps=8, max_timing_s=5.0, ref_code="x", mode="filter")
+    out = time_reference(Counted("eager"), Counted("compiled"), [[torch.ones(4)]], "cpu", "strict", req)
+    assert out["eager"]["reps"] == out["compile"]["reps"] >= 5
+    assert calls == {"eager": out["eager"]["reps"] + 1, "compiled": out["compile"]["reps"] + 1}
+
+
 # -- strict on CUDA: launches queued behind a spin; the whole window is the evidence ---------------
 def queued_parts(call: float, spin: float = 0.30, tail: float = 0.025, exposed: int = 0) -> dict:
     return {"window_ms": spin + call + tail, "spin_ms": spin, "call_ms": call, "tail_ms": tail, "host_ms": 0.06,

@@ -209,6 +209,9 @@ def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_pat
     waves = [line for line in capsys.readouterr().err.splitlines() if line.startswith("scale search probes: ")]
     assert 2 <= len(waves) <= 3 and all("; judge seconds " in line for line in waves)  # a line per wave of probes
     assert all(re.search(r"\bcall \d+ \(median [\d.]+\)", line) for line in waves)  # their untimed first calls
+    # the judges' starts and builds, and when the wave's results came in
+    assert all(re.search(r"\bstart \d+ \(median [\d.]+\), inputs \d+", line) for line in waves)
+    assert all(re.search(r"; half done at \d+ s, the last at \d+ s$", line) for line in waves)
     assert [s["stage"] for s in funnel["stages"]][1:4] == ["compose", "scale", "dedup"]
     assert scale["in"] == stages["compose"]["kept"] and scale["in"] == scale["kept"] + sum(scale["dropped"].values())
     assert stages["dedup"]["in"] == scale["kept"] and set(scale["dropped"]) <= set(REASONS) | {"duplicate"}

@@ -66,7 +66,11 @@ def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path
     assert seconds["scale_search"] == {"candidates": 0, "probes": 0, "reasons": {}}  # no --scale search here
     assert seconds["filter"]["checks_s"]["n"] == filtered  # every decision; ms each on the CPU (its sum may round to 0.0)
     md = (tmp_path / "r2" / "report.md").read_text()
-    assert "Filter judge seconds (sum / median over decisions): inputs" in md
+    # every phase a judge records, in the filter's own order (start first: judge start-up is a phase)
+    from cudagym.synth.filter import PHASES
+    line = next(l for l in md.splitlines() if l.startswith("Filter judge seconds (sum / median over decisions): "))
+    named = [part.split()[0] for part in line.split(": ", 1)[1].rstrip(".").split(", ")]
+    assert named == [p.removesuffix("_s") for p in PHASES]
     assert f"| all | 90.0 |" in md and "| torch#2 |" in md and "0 of 5 published rows" in md
 
 

@@ -202,6 +202,37 @@ def test_a_scale_probe_times_eager_only_and_reports_a_slow_call_s_time():
     assert "timing_s" not in slow  # no reps of a call beyond the limit
 
 
+@pytest.mark.slow
+def test_a_probe_that_hangs_times_out_after_the_probe_budget_and_the_rest_of_its_judge_runs_in_one_new_judge():
+    """A scale-search probe whose call runs on (on the H200, one ran past 200 s while its wave of 148
+    waited) ends at the probe budget, not the filter's task budget; the search gets no time for it
+    (a smaller scale next). The probes after it in its judge run in one new judge (one start, whose
+    time the first of them reports), not one process each."""
+    import time
+
+    from cudagym.eval.evaluate import run_reference_jobs
+
+    config = FilterConfig(device="cpu", task_timeout_s=300.0, probe_timeout_s=30.0, seed=1)
+    probe_config = config.probe_config()
+    assert probe_config.judge_timeout_s == 30.0
+    second = _task("good_too", "pass", "return torch.sigmoid(x) * 3")
+    t0 = time.monotonic()
+    probed = run_reference_jobs([TASKS["good"], TASKS["timeout"], TASKS["degenerate_zeros"], second], "filter-probe",
+                                probe_config)
+    assert probed[1]["status"] == "timeout" and "finished nothing in 30 s" in probed[1]["reason"]
+    for result in (probed[0], probed[2], probed[3]):
+        assert result["stage"] == "done" and result["t_eager_ms"] > 0, result
+    assert "start_s" in probed[0] and "start_s" in probed[2] and "start_s" not in probed[3]  # two judges in all
+    assert time.monotonic() - t0 < 150  # one probe budget of hang, not the task budget of 300 s
+
+
+def test_a_probes_budget_is_the_probe_budget_capped_by_the_tasks_own_budget():
+    """A filter run with a short task budget never gives a hanging probe more than that budget."""
+    assert FilterConfig(device="cpu", task_timeout_s=15.0, seed=1).probe_config().judge_timeout_s == 15.0
+    assert FilterConfig(device="cpu", seed=1).probe_config().judge_timeout_s == 60.0
+    assert FilterConfig(device="cpu", task_timeout_s=300.0, probe_timeout_s=30.0, seed=1).probe_config().judge_timeout_s == 30.0
+
+
 def test_tasks_are_spread_evenly_over_as_few_waves_of_judges_as_the_chunk_allows():
     from cudagym.synth.filter import even_chunk
 
@@ -235,6 +266,9 @@ def test_a_pass_line_sums_the_judges_seconds_per_phase_over_the_tasks_that_repor
     assert pass_line("filter check pass", 8, 61.0, measured[:2], stopped=True) == (  # Ctrl-C, a call's limit
         "filter check pass: 2 of 8 in 61 s, stopped; judge seconds compile 4 (median 3.00), timing 0 (median 0.25),"
         " wait 4 (median 3.00)")
+    # when the results came in: a pass whose tail is one slow judge says so
+    assert pass_line("filter timing pass", 3, 40.0, measured, done_at=[30.2, 5.0, 39.6]).endswith(
+        "wait 4 (median 3.00); half done at 30 s, the last at 40 s")
 
 
 def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_rerun(tmp_path, monkeypatch):

@@ -86,3 +86,20 @@ def test_a_locked_build_folder_is_one_line_from_the_cli(held, capsys):
 def _text_file(path: Path) -> Path:
     path.write_text("this is not a database\n" * 100)
     return path
+
+
+@pytest.mark.parametrize("name, text", [("results.jsonl", '{"a": 1}\n'), ("runs.csv", "a,b\n1,2\n"), ("notes.txt", "hello\n")])
+def test_a_data_file_given_as_the_database_is_refused_not_opened_in_memory(tmp_path, name, text):
+    """DuckDB opens an existing JSON or CSV file as an in-memory database (the file as a view): a run
+    given `--db results.jsonl` would store every verdict in memory and lose it. Refused, file untouched."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DatabaseError, match="not a valid DuckDB database file") as e:
+        connect(path, "database")
+    assert len(str(e.value).splitlines()) == 1 and "--db" in str(e.value)
+    assert path.read_text() == text
+    real = tmp_path / "real.duckdb"
+    connect(real).close()
+    con = connect(real)  # an existing database opens
+    con.execute("CREATE TABLE IF NOT EXISTS t (a INT)")
+    con.close()
