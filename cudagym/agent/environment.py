@@ -36,7 +36,7 @@ __all__ = ["TOOL_NAMES", "EnvConfig", "KernelEnv", "ToolResult"]
 TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "glob", "grep", "verify", "profile")
 PROTECTED_FLAG = "protected_file_changed"
 # Variables a shell inherits from the environment's process (toolchains, GPUs); nothing else (no keys).
-PASSED_ENV = ("CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "CC", "CXX",
+PASSED_ENV = ("CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "CC", "CXX", "CPATH",
               "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 SYSTEM_PATH = ("/usr/local/cuda/bin", "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
