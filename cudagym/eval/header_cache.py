@@ -33,6 +33,7 @@ from pathlib import Path
 # (torch's default) and with any of -O1..-O3 (what most candidates pass) each need their own.
 VARIANTS = {"O0": [], "O2": ["-O2"]}
 HEADER = "torch/extension.h"
+STAND_IN = "#pragma once\n#include_next <torch/extension.h>\n"
 
 
 class HeaderCacheError(RuntimeError):
@@ -85,7 +86,8 @@ def is_used(folder: Path, variant: str = "O2") -> bool:
 def ready(root: str | Path) -> Path | None:
     """The cache folder under `root`, where every variant of this torch's header has been built."""
     folder = cache_folder(root)
-    return folder if all((folder / f"{HEADER}.gch" / f"{name}.gch").is_file() for name in VARIANTS) else None
+    built = [folder / HEADER, *(folder / f"{HEADER}.gch" / f"{name}.gch" for name in VARIANTS)]
+    return folder if all(path.is_file() for path in built) else None
 
 
 def is_gcc(cxx: str) -> bool:
@@ -105,6 +107,10 @@ def build(root: str | Path) -> Path:
     if not is_gcc(cxx):
         raise HeaderCacheError(f"{cxx} is not GCC: its precompiled headers are not found through CPATH")
     gch.mkdir(parents=True, exist_ok=True)
+    # GCC opens the header from the folder it found the .gch in whenever it cannot take a precompiled
+    # one: on a second `#include <torch/extension.h>` (load_inline adds one before a source's own), or
+    # with flags no variant fits. This stand-in hands it on to torch's own.
+    (gch.parent / "extension.h").write_text(STAND_IN)
     jobs = []
     for name, extra in VARIANTS.items():
         # Written aside and renamed: a build that reads the folder meanwhile never sees half a file.
