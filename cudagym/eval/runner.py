@@ -324,9 +324,10 @@ def warm_up(device: str, profiler: bool = False) -> None:
 def main(argv: list[str]) -> int:
     from multiprocessing.connection import Connection
 
-    from cudagym.tasks.sandbox import die_with_parent, drop_capabilities, isolate
+    from cudagym.tasks.sandbox import die_with_parent, drop_capabilities, isolate, kill_session_when_gone
 
     die_with_parent(int(os.environ["CUDAGYM_JUDGE_PID"]))
+    kill_session_when_gone()  # this process's compilers die with it (before torch: a small fork, no threads yet)
     fd, workdir, writable = int(argv[1]), argv[2], argv[3:]
     sandbox = isolate(workdir, writable) if os.environ.get("CUDAGYM_SANDBOX", "1") != "0" else "off"
     if sandbox != "off":  # the mounts are made: nothing the candidate does may change them back

@@ -90,6 +90,55 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def session_members(sid: int) -> list[int]:
+    """The live processes of session `sid` (from /proc: field 6 of each stat)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    if int(f.read().rpartition(")")[2].split()[3]) == sid:
+                        pids.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return pids
+
+
+def kill_session_when_gone() -> None:
+    """Fork a watcher that SIGKILLs every process of this process's session the moment this process
+    ends, however it ends. A judge's candidate process leads a session of its own, and the compilers
+    its build starts (ninja, the compiler driver, cc1plus, nvcc) stay in it, each command in a process
+    group of its own (ninja's doing): die_with_parent's SIGKILL ends only the process itself, and a
+    kill of its group misses them, so a judge killed mid-build left them compiling on for tens of
+    seconds beside the judges after it. The watcher waits on a pipe whose write end only this process
+    holds (a pipe's fds are not inherited by exec): its read returns when this process (and any fork
+    of it) has died. It has a group of its own, so a kill of this process's group leaves it to sweep."""
+    leader = os.getpid()
+    if os.getsid(0) != leader:  # another's session (the judge's): never swept from here
+        return
+    read_end, write_end = os.pipe()
+    if os.fork():
+        os.close(read_end)  # write_end stays open, unused, for this process's whole life
+        return
+    try:
+        os.setpgid(0, 0)
+        os.closerange(3, read_end)  # the judge's socket among them: its EOF must not wait for the watcher
+        os.closerange(read_end + 1, os.sysconf("SC_OPEN_MAX"))
+        while os.read(read_end, 1):
+            pass
+        for _ in range(5):  # a process forked while the sweep ran is caught by the next
+            left = [pid for pid in session_members(leader) if pid != os.getpid()]
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+    finally:
+        os._exit(0)
+
+
 def drop_capabilities() -> str | None:
     """Give up every capability for good, after `isolate()` has used them. Run as root, the candidate's
     process keeps uid 0 (its build caches and the GPU work as before) but can no longer undo the

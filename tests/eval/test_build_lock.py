@@ -39,17 +39,30 @@ def build_folder(root: Path) -> Path:
     return root / ("candidate-" + candidate_key(CAND.read_text(), None))
 
 
-def runners_building_in(folder: Path) -> list[int]:
-    """Live candidate processes (cudagym.eval.runner) whose build folder is `folder`."""
+def processes(match) -> list[int]:
+    """Live processes for which match(their /proc entry) holds (one that ends meanwhile is left out)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"cudagym.eval.runner" in (entry / "cmdline").read_bytes() \
-                    and f"TORCH_EXTENSIONS_DIR={folder}\0".encode() in (entry / "environ").read_bytes():
+            if entry.name.isdigit() and match(entry):
                 pids.append(int(entry.name))
         except OSError:
             continue
     return pids
+
+
+def start_eval_one() -> subprocess.Popen:
+    """`cudagym eval one` of the C++ candidate, in a session of its own (the build folder from the env)."""
+    cmd = [sys.executable, "-m", "cudagym", "eval", "one", "--ref", str(REF), "--candidate", str(CAND),
+           "--device", "cpu", "--json", "--n-checks", "2"]
+    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def runners_building_in(folder: Path) -> list[int]:
+    """Live candidate processes (cudagym.eval.runner) whose build folder is `folder`."""
+    return processes(lambda entry: b"cudagym.eval.runner" in (entry / "cmdline").read_bytes()
+                     and f"TORCH_EXTENSIONS_DIR={folder}\0".encode() in (entry / "environ").read_bytes())
 
 
 @pytest.mark.slow
@@ -60,17 +73,17 @@ def test_a_build_killed_midway_does_not_block_the_next_judge(tmp_path, monkeypat
     root = tmp_path / "ext"
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
     baton = build_folder(root) / EXT_NAME / "lock"
-    cmd = [sys.executable, "-m", "cudagym", "eval", "one", "--ref", str(REF), "--candidate", str(CAND),
-           "--device", "cpu", "--json", "--n-checks", "2"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start_eval_one()
     try:
         deadline = time.monotonic() + 120
         while not baton.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert baton.exists(), f"the build never started: {proc.poll()=}"
-        for pid in runners_building_in(build_folder(root)):
-            os.killpg(pid, signal.SIGKILL)
+        for pid in runners_building_in(build_folder(root)):  # a runner's session watcher too, which may end meanwhile
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     finally:
         proc.kill()
         proc.wait()
@@ -117,3 +130,42 @@ def test_a_judge_waiting_past_its_load_timeout_for_another_build_says_so(tmp_pat
         verdict = judge(build_timeout_s=5)
     assert verdict.status is Status.TIMEOUT, verdict.reason
     assert verdict.reason == "candidate did not load within 5 s: it was waiting for another build of the same candidate"
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line holds `text` (a build folder: ninja, the compiler driver, cc1plus)."""
+    return processes(lambda entry: text.encode() in (entry / "cmdline").read_bytes())
+
+
+def compiling_in(folder: str) -> bool:
+    return bool(processes(lambda entry: folder.encode() in (cmdline := (entry / "cmdline").read_bytes())
+                          and b"cc1plus" in cmdline))
+
+
+@pytest.mark.slow
+def test_the_compilers_of_a_killed_judge_die_with_it(tmp_path, monkeypatch):
+    """`cudagym eval one` is SIGKILLed mid-build (a deadline, a stopped batch): its judge and the
+    candidate's process die with it, and so do the compilers that process started, instead of
+    compiling on for tens of seconds beside the judges that come next."""
+    root = tmp_path / "ext"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    folder = str(build_folder(root))
+    proc = start_eval_one()
+    try:
+        deadline = time.monotonic() + 120
+        while not compiling_in(folder) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_mentioning(folder), f"no compiler ever ran: {proc.poll()=}"
+        proc.kill()  # the CLI alone, as a timeout's SIGKILL: nothing of it can clean up
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while processes_mentioning(folder) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = processes_mentioning(folder)
+        assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in left]
+    finally:
+        for pid in processes_mentioning(folder):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
