@@ -190,9 +190,14 @@ def static_flags(ref_code: str, candidate_code: str, policy: str, files: dict[st
                     extra_cuda_sources=list((files or {}).values()))
 
 
+def cache_root() -> Path:
+    """cudagym's cache folder (CUDAGYM_CACHE, else ~/.cache/cudagym): build caches, crawls."""
+    return Path(os.environ.get("CUDAGYM_CACHE", Path.home() / ".cache" / "cudagym"))
+
+
 def _cache_dirs() -> list[str]:
     """Build caches the sandboxed processes may write (and share across runs)."""
-    root = Path(os.environ.get("CUDAGYM_CACHE", Path.home() / ".cache" / "cudagym"))
+    root = cache_root()
     defaults = {"TORCH_EXTENSIONS_DIR": root / "torch_extensions", "TORCHINDUCTOR_CACHE_DIR": root / "inductor",
                 "TRITON_CACHE_DIR": root / "triton"}
     dirs = []

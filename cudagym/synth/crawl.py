@@ -22,11 +22,14 @@ import hashlib
 import importlib
 import inspect
 import logging
+import os
+import pickle
 import re
 import sys
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 from cudagym.synth.labels import ops_from_code
 from cudagym.synth.render import seed_task
@@ -850,8 +853,53 @@ def _crawl(candidates: Iterable[tuple[str, str, str, Rule | None, str]], source:
     return seeds, skips
 
 
+Crawled = tuple[tuple[Seed, ...], tuple[Skip, ...]]
+
+
+def on_disk(name: str, crawl: Callable[[], Crawled], versions: dict[str, str]) -> Crawled:
+    """A crawl's result from the cache folder (`<cache_root>/crawl/`), computed and stored when it is not
+    there. A crawl runs every seed on the CPU: 10-15 s for torch and transformers together, paid by every
+    dataset build (each device call of a resumed one, with the GPU idle) and by every test process that
+    builds. The key is all it depends on: the crawling code (cudagym.synth's sources), Python and the
+    crawled packages' versions. A cache that cannot be read or written costs a crawl, never a result."""
+    from cudagym.eval.evaluate import cache_root
+
+    key = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        key.update(path.name.encode() + b"\0" + path.read_bytes())
+    key.update(repr(sorted({"python": sys.version, **versions}.items())).encode())
+    path = cache_root() / "crawl" / f"{name}-{key.hexdigest()[:24]}.pkl"
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:  # noqa: BLE001 - absent, partial or from an older class layout: crawl again
+        pass
+    result = crawl()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(result))
+        os.replace(tmp, path)  # atomic: concurrent builds read a whole file or none
+    return result
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
 @functools.cache
-def _crawl_torch_cached() -> tuple[tuple[Seed, ...], tuple[Skip, ...]]:
+def _crawl_torch_cached() -> Crawled:
+    import torch
+
+    return on_disk("torch", _crawl_torch_now, {"torch": torch.__version__})
+
+
+def _crawl_torch_now() -> Crawled:
     def candidates():
         for namespace, prefix, kind in TORCH_NAMESPACES:
             for qualified, rule, family, reason in _candidates(namespace, prefix, kind):
@@ -1101,7 +1149,14 @@ def _transformers_candidates() -> Iterable[tuple[str, list[Seed], str]]:
 
 
 @functools.cache
-def _crawl_transformers_cached() -> tuple[tuple[Seed, ...], tuple[Skip, ...]]:
+def _crawl_transformers_cached() -> Crawled:
+    import torch
+
+    return on_disk("transformers", _crawl_transformers_now,
+                   {"torch": torch.__version__, "transformers": _package_version("transformers")})
+
+
+def _crawl_transformers_now() -> Crawled:
     try:
         import transformers
     except Exception as e:  # noqa: BLE001 - optional dependency

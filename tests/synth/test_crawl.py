@@ -44,7 +44,7 @@ def test_counts_meet_targets(torch_crawl, transformers_crawl):
 
 def test_missing_transformers_is_one_skip_not_a_crash(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
-    seeds, skips = crawl._crawl_transformers_cached.__wrapped__()
+    seeds, skips = crawl._crawl_transformers_now()  # the crawl itself, not its cache on disk
     assert seeds == () and len(skips) == 1
     assert skips[0].reason == "import_error" and skips[0].detail
 
@@ -224,3 +224,25 @@ def test_a_recurrent_layer_given_the_wrong_input_fails_on_meta_as_on_the_cpu():
     crawl.shapes_only_rnns(model)
     h0 = (torch.zeros(1, 3, 5), torch.zeros(1, 3, 5))
     assert model.rnn(torch.randn(7, 3, 6), h0)[0].shape == (7, 3, 5)  # real tensors and a given state: torch's forward
+
+
+def test_a_crawl_is_kept_on_disk_per_code_and_versions(tmp_path, monkeypatch):
+    """on_disk: the first call crawls and stores, a later one (another process, as each build is) reads the
+    file; other versions crawl again, and an unreadable file costs a crawl, never an error."""
+    monkeypatch.setenv("CUDAGYM_CACHE", str(tmp_path))
+    runs = []
+
+    def crawl_now():
+        runs.append(1)
+        return (Seed(f"torch.relu{len(runs)}", "function", "torch.relu(x)", ()),), (Skip("torch.x", "internal", "", "torch"),)
+
+    first = crawl.on_disk("torch", crawl_now, {"torch": "2.13.0"})
+    assert len(runs) == 1 and first[0][0].qualified_name == "torch.relu1"
+    assert crawl.on_disk("torch", crawl_now, {"torch": "2.13.0"}) == first and len(runs) == 1
+    (stored,) = (tmp_path / "crawl").iterdir()
+    assert crawl.on_disk("torch", crawl_now, {"torch": "2.14.0"})[0][0].qualified_name == "torch.relu2"
+    stored.write_bytes(b"not a pickle")
+    assert crawl.on_disk("torch", crawl_now, {"torch": "2.13.0"})[0][0].qualified_name == "torch.relu3"
+    assert crawl.on_disk("torch", crawl_now, {"torch": "2.13.0"})[0][0].qualified_name == "torch.relu3"
+    assert len(runs) == 3
+    assert not list((tmp_path / "crawl").glob("*.tmp"))
