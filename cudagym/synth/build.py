@@ -4,7 +4,8 @@ Each stage is a plain function over the build's DuckDB file (`BUILD/build.duckdb
 `cudagym.flows.build_dataset` wraps the same functions as tasks. Every result is stored the moment
 it exists, so a killed build loses nothing and a rerun does only what is missing:
 
-- crawl: seed operators (torch, transformers), recomputed each run (seconds, deterministic);
+- crawl: seed operators (torch, transformers), deterministic: computed once per code and versions and kept
+  in the cache folder (`crawl.on_disk`), read back by every later run;
 - compose: candidates, stored with their compose order (`seq`); round r composes with seed + r;
 - dedup: exact (normalised-AST hash) and near (MinHash LSH) duplicates among all candidates, the
   earliest candidate of each cluster kept: computed from the table, so it is stable across rounds;
