@@ -1501,19 +1501,29 @@ def main(argv: list[str]) -> int:
     if req.ref_codes is None:
         result = evaluate_or_explain(req, sandbox)
     else:  # one line per task as it finishes: if this process dies, the driver keeps what is done
+        released_s = None  # releasing the task before: reported with the next (its line is written by then)
         with open(os.path.join(req.workdir, "results.jsonl"), "w") as lines:
             for i, code in enumerate(req.ref_codes):
                 last = i == len(req.ref_codes) - 1  # deferring the last task gains nothing
+                t0 = time.perf_counter()
                 result = evaluate_or_explain(dataclasses.replace(req, ref_code=code, defer_memory_s=None if last
                                                                  else req.defer_memory_s), sandbox)
+                # the task's whole time in this judge: its phases and whatever none of them names (loading the
+                # reference, the memory reservation's bookkeeping), so a pass line shows what is unaccounted for
+                result["task_s"] = round(time.perf_counter() - t0, 3)
+                if released_s is not None:
+                    result["release_s"] = released_s
                 if i == 0 and started_s is not None:  # the judge's start, once per judge: summed over a pass's judges
                     result["start_s"] = started_s
                 lines.write(json.dumps(result) + "\n")
                 lines.flush()
                 if result.get("compiled_elsewhere") or result.get("deferred"):  # nothing was built: nothing to release
+                    released_s = None
                     continue
+                t0 = time.perf_counter()
                 if not release_task_memory():
                     break  # a sticky CUDA error: the driver reruns the remaining tasks, each in a new process
+                released_s = round(time.perf_counter() - t0, 3)
         result = {"status": "done"}
         if req.mode in ("warm", "baseline"):
             save_compile_artifacts()

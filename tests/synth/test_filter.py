@@ -223,6 +223,9 @@ def test_a_probe_that_hangs_times_out_after_the_probe_budget_and_the_rest_of_its
     for result in (probed[0], probed[2], probed[3]):
         assert result["stage"] == "done" and result["t_eager_ms"] > 0, result
     assert "start_s" in probed[0] and "start_s" in probed[2] and "start_s" not in probed[3]  # two judges in all
+    # each task's whole time in its judge, and the judge's clean-up before it where a task came before in that judge
+    assert all(r["task_s"] >= r.get("timing_s", 0.0) + r.get("call_s", 0.0) for r in (probed[0], probed[2], probed[3]))
+    assert "release_s" not in probed[0] and "release_s" not in probed[2] and probed[3]["release_s"] >= 0
     assert time.monotonic() - t0 < 150  # one probe budget of hang, not the task budget of 300 s
 
 
