@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 from cudagym.eval.checks import Tolerance, degenerate_reason
-from cudagym.eval.evaluate import CANDIDATE_FILE_SUFFIXES, EvalConfig, evaluate_candidate, run_reference_jobs
+from cudagym.eval.evaluate import (CANDIDATE_FILE_SUFFIXES, EvalConfig, evaluate_candidate, judges_lock_dir,
+                                   run_queued_jobs, run_reference_jobs)
+from cudagym.eval.gpulock import task_queue
 from cudagym.eval.pool import (DRAIN_S, Job, LocalPool, Worker, batch_config, machine_env,  # noqa: F401 - re-exported
                                progress_bar, run_all)
 from cudagym.eval.store import AuditKey, BaselineKey, Store
@@ -187,6 +189,38 @@ def run_references(pool, shares: list[list[Task]], mode: str, on_result: Callabl
                 on_result(task, env, by_id[task.id])
 
     pool.run(((s, partial(reference_job, s, mode, frozenset())) for s in shares), record, description, len(shares))
+
+
+def queued_job(tasks: list[Task], mode: str, queue: str, worker: Worker) -> tuple[dict, dict[str, dict]]:
+    """One judge of a pass sharing `tasks` as one queue (`run_queue`): (machine, {task.id: result}) of
+    the tasks it ran."""
+    results = run_queued_jobs(tasks, mode, worker.config, queue)
+    return worker.env, {t.id: r for t, r in zip(tasks, results) if r is not None}
+
+
+def run_queue(pool, tasks: list[Task], mode: str, judges: int, chunk: int,
+              on_result: Callable[[Task, dict, dict], None], description: str) -> None:
+    """On an open pool, `judges` judges share the tasks as one queue, each taking the next task no judge
+    has taken (judge.Request.queue), so a pass ends when its tasks are done, not with the judge whose
+    fixed share held the slow ones: on the H100 (session 25) half of a filter pass's 87 tasks were done
+    at 70 s and the last at 113 s, in shares of 6. on_result(task, machine env, result) runs in this
+    thread once per finished task. A Ray pool's judges run on other machines, which see no queue
+    folder of this one: they get shares of `chunk` tasks (run_references)."""
+    if not tasks:
+        return
+    if not getattr(pool, "in_process", False):
+        run_references(pool, chunks_of(tasks, chunk), mode, on_result, description)
+        return
+    judges = max(1, min(judges, len(tasks)))
+
+    def record(_: int, result: tuple[dict, dict[str, dict]]) -> None:
+        env, by_id = result
+        for task in tasks:
+            if task.id in by_id:
+                on_result(task, env, by_id[task.id])
+
+    with task_queue(judges_lock_dir(pool.worker.config)) as queue:
+        pool.run(((i, partial(queued_job, tasks, mode, queue)) for i in range(judges)), record, description, judges)
 
 
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,

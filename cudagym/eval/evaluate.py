@@ -9,6 +9,7 @@ those processes do (crash, hang, blow memory), this returns a Verdict.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import re
@@ -18,11 +19,12 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from cudagym.eval.gpulock import lock_dir, prepare_lock_dir
+from cudagym.eval.gpulock import lock_dir, prepare_lock_dir, task_claimant
 from cudagym.eval.timing import TIMING_MODES, TRACE_ENV
 from cudagym.eval.verdict import EDGE_BAND, Status, Verdict
 from cudagym.tasks import Task
@@ -287,6 +289,11 @@ def _report_lines(lines_path: str, reported: int, on_line: Callable[[int, dict],
     return len(lines)
 
 
+def judges_lock_dir(config: EvalConfig) -> str:
+    """The lock folder a judge of this config takes its device's lock, memory ledger and queues from (and may write)."""
+    return str(Path(config.lock_path).parent) if config.lock_path else prepare_lock_dir(lock_dir())
+
+
 def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = None,
                     on_line: Callable[[int, dict], None] | None = None) -> dict:
     """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
@@ -295,7 +302,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
     timeout_s = config.judge_timeout_s
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
     # The judge writes its workdir, the build caches and (for the shared memory ledger) the lock folder.
-    locks = str(Path(config.lock_path).parent) if config.lock_path else prepare_lock_dir(lock_dir())
+    locks = judges_lock_dir(config)
     trace = os.environ.get(TRACE_ENV)  # a benchmark's timing trace (timing.write_trace) goes beside the caches
     writable = _cache_dirs() + [locks] + ([str(Path(trace).resolve().parent)] if trace else [])
     request = dict(request, workdir=workdir, lock_dir=locks, writable=writable)
@@ -437,6 +444,61 @@ def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baselin
 # deferred to the end of the judge's list (judge.Request.defer_memory_s): below gpulock.FAIR_AFTER_S, so
 # its wait never holds back the judges that came after it.
 DEFER_MEMORY_S = 10.0
+
+
+def queue_key(task: Task) -> str:
+    """A task's name in a queue folder: its id (the results of a pass are keyed by it)."""
+    return hashlib.sha256(task.id.encode()).hexdigest()[:32]
+
+
+def run_queued_jobs(tasks: list[Task], mode: str, config: EvalConfig, queue: str,
+                    on_result: Callable[[int, dict], None] | None = None) -> list[dict | None]:
+    """One of the judges of a pass that share `tasks` as one queue (`gpulock.task_queue`): it runs the
+    tasks it claims first, in list order; the results of those (None for the tasks other judges took, and
+    for those not finished when the batch was stopped). As run_reference_jobs: on_result(i, result) as each
+    is known; a task that hung or killed its judge is that task's result, and the rest of the list goes
+    to one new judge; a task that ran out of memory beside other judges runs again alone. Other judges
+    may still be at work when this returns: each task is reported by the judge that claimed it."""
+    results: list[dict | None] = [None] * len(tasks)
+    keys = [queue_key(t) for t in tasks]
+    token = uuid.uuid4().hex
+
+    def report(i: int, result: dict) -> None:
+        if result.get("claimed_elsewhere") or results[i] is not None:
+            return
+        results[i] = result
+        if on_result and not out_of_memory(result):  # else reported after its run alone, below
+            on_result(i, result)
+
+    request = dict(_reference_request(tasks[0], mode, config, True), ref_codes=[t.code for t in tasks],
+                   queue=queue, claim_keys=keys, claim_token=token)
+    chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
+                           task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))
+    try:  # not run_judge: its rerun of a judge that ran out of memory would find every claim taken
+        judged = _run_judge_once(request, chunk_config, config.judge_timeout_s, report)
+    except Interrupted as stopped:  # what the judge finished before it was stopped counts; nothing else
+        for i, result in enumerate(stopped.results or []):
+            report(i, result)
+        return [None if r is not None and out_of_memory(r) else r for r in results]
+    done = judged.get("results") or []
+    for i, result in enumerate(done):
+        report(i, result)
+    if len(done) < len(tasks):  # it ended early: it hung, died, or its CUDA context broke
+        rest = len(done)
+        if task_claimant(queue, keys[rest]) == token:  # it was on this task: that is the task's result
+            report(rest, {"status": "timeout", "reason": judged["reason"]} if judged.get("stalled")
+                   else {k: v for k, v in judged.items() if k != "results"})
+            rest += 1
+        if rest < len(tasks):
+            later = run_queued_jobs(tasks[rest:], mode, config, queue,
+                                    on_result=(lambda j, r: on_result(rest + j, r)) if on_result else None)
+            results[rest:] = later
+    for i, result in enumerate(results):
+        if result is not None and out_of_memory(result):
+            results[i] = run_reference_job(tasks[i], mode, config)
+            if on_result:
+                on_result(i, results[i])
+    return results
 
 
 def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile_baseline: bool = True,

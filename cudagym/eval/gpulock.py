@@ -138,6 +138,49 @@ def compile_claim(folder: str, key: str, wait_s: float, poll_s: float = 0.5):
         os.close(fd)  # drops the flock
 
 
+@contextlib.contextmanager
+def task_queue(folder: str):
+    """A new, empty queue folder under `folder` (a machine's lock folder, which every judge may write):
+    the judges of one pass, each given the whole list of its tasks, share them through it as one queue
+    (`claim_task`): a judge takes the next task nobody has taken, so the pass ends when the list is
+    done, not with the judge whose fixed share was slowest. Removed at the end."""
+    import shutil
+    import uuid
+
+    path = os.path.join(prepare_lock_dir(os.path.join(folder, "queues")), uuid.uuid4().hex)
+    os.makedirs(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def claim_task(queue: str, key: str, token: str) -> bool:
+    """Take the task `key` of a queue for the judge whose token this is; False when another judge has it.
+    The claim is a hard link of a file already holding the token: it appears whole or not at all, so
+    whoever reads it (`task_claimant`) finds the token even when its judge died a moment after."""
+    path = os.path.join(queue, key)
+    mine = f"{path}.{os.getpid()}.tmp"
+    with open(mine, "w") as f:
+        f.write(token)
+    try:
+        os.link(mine, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(mine)
+
+
+def task_claimant(queue: str, key: str) -> str | None:
+    """The token of the judge that took the task `key`, None while nobody has."""
+    try:
+        with open(os.path.join(queue, key)) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
 def _flock_within(fd: int, wait_s: float, poll_s: float) -> bool:
     """Take an exclusive flock on fd, trying every poll_s for at most wait_s; whether it was had."""
     deadline = time.monotonic() + wait_s

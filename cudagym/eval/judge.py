@@ -43,8 +43,8 @@ import torch
 
 from cudagym.eval import checks
 from cudagym.eval.evaluate import PHASE_FILE
-from cudagym.eval.gpulock import (AdmissionDeferred, build_folder_lock, compile_claim, device_lock_path, gpu_lock,
-                                  memory_reservation, on_cpus)
+from cudagym.eval.gpulock import (AdmissionDeferred, build_folder_lock, claim_task, compile_claim, device_lock_path,
+                                  gpu_lock, memory_reservation, on_cpus)
 from cudagym.eval.guard import OpRecord, make_guard, short_name
 from cudagym.eval.runner import clone_inputs, set_fp32_precision
 from cudagym.eval.verdict import EDGE_ROUNDS, near_milestone
@@ -111,6 +111,12 @@ class Request:
     # list). None: it waits as long as it takes.
     defer_memory_s: float | None = None
     ref_codes: list | None = None  # reference modes only: several tasks in one process (imports paid once)
+    # A queue shared by the judges of a pass (gpulock.task_queue): each has the pass's whole list, and runs a
+    # task only once it has claimed it (claim_keys[i] with its claim_token); a task another judge took is a
+    # line {"claimed_elsewhere": true}.
+    queue: str | None = None
+    claim_keys: list | None = None
+    claim_token: str = ""
     timing_cpus: tuple = ()  # cores this GPU's exclusive-lock holder times on (gpulock.timing_cpu_split)
     work_cpus: tuple = ()  # cores for everything else
     slow_call_s: float | None = None  # filter modes: a first and a warm reference call slower than this end the measurement
@@ -1504,6 +1510,10 @@ def main(argv: list[str]) -> int:
         released_s = None  # releasing the task before: reported with the next (its line is written by then)
         with open(os.path.join(req.workdir, "results.jsonl"), "w") as lines:
             for i, code in enumerate(req.ref_codes):
+                if req.queue and not claim_task(req.queue, req.claim_keys[i], req.claim_token):
+                    lines.write(json.dumps({"claimed_elsewhere": True}) + "\n")
+                    lines.flush()
+                    continue
                 last = i == len(req.ref_codes) - 1  # deferring the last task gains nothing
                 t0 = time.perf_counter()
                 result = evaluate_or_explain(dataclasses.replace(req, ref_code=code, defer_memory_s=None if last
@@ -1513,8 +1523,8 @@ def main(argv: list[str]) -> int:
                 result["task_s"] = round(time.perf_counter() - t0, 3)
                 if released_s is not None:
                     result["release_s"] = released_s
-                if i == 0 and started_s is not None:  # the judge's start, once per judge: summed over a pass's judges
-                    result["start_s"] = started_s
+                if started_s is not None:  # the judge's start, on its first task: summed over a pass's judges
+                    result["start_s"], started_s = started_s, None
                 lines.write(json.dumps(result) + "\n")
                 lines.flush()
                 if result.get("compiled_elsewhere") or result.get("deferred"):  # nothing was built: nothing to release

@@ -51,7 +51,10 @@ class FilterConfig:
     rtol: float = 1e-2
     task_timeout_s: float = 300.0  # one task's whole judge run: eager, compile, timing
     parallel: int = 1  # judges at once (per GPU with the ray runner)
-    chunk: int = 8  # tasks per judge process (torch and inductor start once for them)
+    # Judges share a pass's tasks as one queue (batch.run_queue); on a Ray pool, whose workers see no queue
+    # folder of this machine, each judge gets a share of at most `chunk` tasks (torch and inductor start once
+    # for them), spread evenly (even_chunk)
+    chunk: int = 8
     # Judges of the GPU's timing pass (pass 2 of run_filter): nothing else runs then, and each judge
     # spends seconds getting a task ready (its compile a cache hit, inputs) per fraction of a second it
     # holds the GPU alone: on the H200 (session 16) 4 judges timed ~100 tasks in 111 s, 0.36 s of
@@ -65,7 +68,7 @@ class FilterConfig:
     seed: int | None = None  # None: fresh secret input seeds, as in an evaluation
     two_pass: bool | None = None  # check all, then time the survivors (run_filter); None: on a GPU
     # The scale search's probes (`eager_times`): a rough eager time is all it needs
-    probe_chunk: int = 16  # probes per judge process: judges start (torch, CUDA) once per chunk
+    probe_chunk: int = 16  # on a Ray pool: probes per judge process (judges start, torch and CUDA, once per chunk)
     probe_reps: tuple[int, int] = (3, 10)
     probe_timing_s: float = 0.5
     # One probe's budget (its judge's start included for the first): a chain whose first call runs for
@@ -246,15 +249,17 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     as `checked` ({task.sha256: measurement}) times them without checking and compiling them again
     (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall). say(line), if given,
     hears a `pass_line` as each pass ends."""
-    from cudagym.eval.batch import chunks_of, open_pool, run_references, strided
+    from cudagym.eval.batch import open_pool, run_queue
 
     tasks, eval_config = list(tasks), config.eval_config()
     checked = dict(checked or {})  # pass 1's measurement of the tasks waiting for pass 2, by sha256
 
-    def run_pass(shares: list[list[Task]], mode: str, on_task, description: str, what: str) -> None:
-        with reported_pass(say, what, sum(map(len, shares))) as seen:  # the pass's measurements, for its line
-            run_references(pool, shares, mode,
-                           lambda task, env, measured: (seen(measured), on_task(task, env, measured)), description)
+    def run_pass(tasks: list[Task], judges: int, chunk: int, mode: str, on_task, what: str) -> None:
+        """`judges` judges sharing the tasks as one queue (shares of `chunk` on a Ray pool)."""
+        with reported_pass(say, what, len(tasks)) as seen:  # the pass's measurements, for its line
+            run_queue(pool, tasks, mode, judges, chunk,
+                      lambda task, env, measured: (seen(measured), on_task(task, env, measured)),
+                      f"{what}: {len(tasks)} tasks, {min(judges, len(tasks))} judges")
 
     def record(task: Task, env: dict, measured: dict) -> None:
         if task.sha256 in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
@@ -277,20 +282,19 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
             record(task, env, measured)
 
     with open_pool(eval_config, config.parallel, config.runner, config.address) as pool:
+        slots = pool.n_workers * config.parallel
         two_pass = config.device.startswith("cuda") if config.two_pass is None else config.two_pass
         if not two_pass:  # the CPU (no GPU lock to wait for), or one pass asked for
-            run_pass(chunks_of(tasks, config.chunk), "filter", record, f"filter, {config.chunk} tasks per judge",
-                     "filter")
+            run_pass(tasks, slots, even_chunk(len(tasks), slots, config.chunk), "filter", record, "filter")
             return
         to_check = [t for t in tasks if t.sha256 not in checked]
         if to_check:
-            chunk = even_chunk(len(to_check), pool.n_workers * config.parallel, config.chunk)
-            run_pass(chunks_of(to_check, chunk), "filter-check", record_checked,
-                     f"filter: check and compile, {chunk} tasks per judge", "filter check pass")
+            run_pass(to_check, slots, even_chunk(len(to_check), slots, config.chunk), "filter-check", record_checked,
+                     "filter check pass")
         to_time = [t for t in tasks if t.sha256 in checked]
         if to_time:
-            shares = strided(to_time, pool.n_workers * min(config.parallel, config.timing_judges))
-            run_pass(shares, "filter-time", record, f"filter: time, {len(shares)} judges", "filter timing pass")
+            timers = pool.n_workers * min(config.parallel, config.timing_judges)
+            run_pass(to_time, timers, math.ceil(len(to_time) / timers), "filter-time", record, "filter timing pass")
 
 
 def even_chunk(n: int, slots: int, most: int) -> int:
@@ -310,14 +314,14 @@ def eager_times(tasks: list[Task], config: FilterConfig, pool, say: Callable[[st
     calls are beyond slow_factor x the window's top gets that warm call's time. The scale search's
     probes: on the H200, timing each probe as the filter times a task (compile included) took longer
     than a 470 s call for one round of 300 candidates. say(line), if given, hears a `pass_line`."""
-    from cudagym.eval.batch import chunks_of, run_references
+    from cudagym.eval.batch import run_queue
 
     measured: dict[str, dict] = {}
-    chunk = even_chunk(len(tasks), pool.n_workers * config.parallel, config.probe_chunk)
+    slots = pool.n_workers * config.parallel
     with reported_pass(say, "scale search probes", len(tasks), PROBE_PHASES) as seen:
-        run_references(pool, chunks_of(tasks, chunk), "filter-probe",
-                       lambda task, env, result: (measured.__setitem__(task.id, result), seen(result)),
-                       f"scale search: time {len(tasks)} probes, {chunk} per judge")
+        run_queue(pool, tasks, "filter-probe", slots, even_chunk(len(tasks), slots, config.probe_chunk),
+                  lambda task, env, result: (measured.__setitem__(task.id, result), seen(result)),
+                  f"scale search: time {len(tasks)} probes, {min(slots, len(tasks))} judges")
 
     def eager_ms(result: dict | None) -> float | None:
         ok = result is not None and result.get("stage") == "done" and not result.get("error")

@@ -356,3 +356,48 @@ def test_a_filter_judge_compiles_outside_the_gpu_lock_and_checks_inside_it(tmp_p
         assert held_during["reference"] == []
     else:  # the checks' calls, then the compiled model's comparison
         assert len(held_during["reference"]) >= 3 and all(held_during["reference"])
+
+
+def test_a_task_of_a_queue_is_claimed_by_one_judge_whose_token_the_claim_holds(tmp_path):
+    from cudagym.eval.gpulock import claim_task, task_claimant, task_queue
+
+    with task_queue(str(tmp_path)) as queue:
+        assert task_claimant(queue, "k") is None
+        assert claim_task(queue, "k", "judge-a") and not claim_task(queue, "k", "judge-b")
+        assert task_claimant(queue, "k") == "judge-a"
+        assert os.listdir(queue) == ["k"]  # no claimant's scratch file left behind
+    assert not os.path.exists(queue)
+
+
+@pytest.mark.slow
+def test_judges_sharing_a_queue_run_each_task_once_and_a_hung_task_ends_only_its_judge():
+    """Two judges given the same list: every task is run by exactly one of them; the one that takes the
+    hanging task is killed at the probe budget, the task is its timeout, and the tasks after it go to
+    one new judge, which takes those nobody has."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cudagym.eval.evaluate import judges_lock_dir, run_queued_jobs
+    from cudagym.eval.gpulock import task_queue
+
+    config = FilterConfig(device="cpu", task_timeout_s=300.0, probe_timeout_s=20.0, seed=1).probe_config()
+    # it hangs loading, outside the device lock: a call that hangs holding the lock would hold the other
+    # judge's timing turn too, which is the GPU's monster probe, not what this test is about
+    hangs = _task("hangs", "pass", "return x", imports="import time\ntime.sleep(600)")
+    tasks = [TASKS["good"], hangs, TASKS["degenerate_zeros"], _task("good_too", "pass", "return x.sigmoid() * 3"),
+             _task("good_three", "pass", "return x.cos() + 1"), _task("good_four", "pass", "return x.exp() - 2")]
+    streamed: list[tuple[int, int]] = []
+    t0 = time.monotonic()
+    with task_queue(judges_lock_dir(config)) as queue, ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda j: run_queued_jobs(tasks, "filter-probe", config, queue,
+                                                      on_result=lambda i, r: streamed.append((j, i))), range(2)))
+    assert time.monotonic() - t0 < 150
+    for i, task in enumerate(tasks):
+        ran = [run[i] for run in runs if run[i] is not None]
+        assert len(ran) == 1, (task.id, runs)
+        if task.id == "hangs":
+            assert ran[0]["status"] == "timeout" and "finished nothing in 20 s" in ran[0]["reason"]
+        else:
+            assert ran[0]["stage"] == "done" and ran[0]["t_eager_ms"] > 0, ran[0]
+    assert sorted(i for _, i in streamed) == list(range(len(tasks)))  # each reported once, by its judge
+    assert all(sum(r is not None for r in run) >= 1 for run in runs)  # both judges took tasks
