@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from cudagym.eval.gpulock import lock_dir, prepare_lock_dir, task_claimant
+from cudagym.eval.gpulock import claim_task, lock_dir, prepare_lock_dir, task_claimant
 from cudagym.eval.timing import TIMING_MODES, TRACE_ENV
 from cudagym.eval.verdict import EDGE_BAND, Status, Verdict
 from cudagym.tasks import Task
@@ -485,10 +485,21 @@ def run_queued_jobs(tasks: list[Task], mode: str, config: EvalConfig, queue: str
         report(i, result)
     if len(done) < len(tasks):  # it ended early: it hung, died, or its CUDA context broke
         rest = len(done)
+        ended = ({"status": "timeout", "reason": judged["reason"]} if judged.get("stalled")
+                 else {k: v for k, v in judged.items() if k != "results"})
         if task_claimant(queue, keys[rest]) == token:  # it was on this task: that is the task's result
-            report(rest, {"status": "timeout", "reason": judged["reason"]} if judged.get("stalled")
-                   else {k: v for k, v in judged.items() if k != "results"})
+            report(rest, ended)
             rest += 1
+        elif not done:  # it died before taking a task (its start failed): not a new judge for the same list,
+            # which could fail the same way forever, but the next task nobody has, alone (as the chunked path
+            # runs each task of a dead judge), then the rest
+            mine = next((j for j in range(rest, len(tasks)) if claim_task(queue, keys[j], token)), None)
+            if mine is None:
+                return results
+            results[mine] = run_reference_job(tasks[mine], mode, config)
+            if on_result:
+                on_result(mine, results[mine])
+            rest = mine + 1
         if rest < len(tasks):
             later = run_queued_jobs(tasks[rest:], mode, config, queue,
                                     on_result=(lambda j, r: on_result(rest + j, r)) if on_result else None)

@@ -401,3 +401,20 @@ def test_judges_sharing_a_queue_run_each_task_once_and_a_hung_task_ends_only_its
             assert ran[0]["stage"] == "done" and ran[0]["t_eager_ms"] > 0, ran[0]
     assert sorted(i for _, i in streamed) == list(range(len(tasks)))  # each reported once, by its judge
     assert all(sum(r is not None for r in run) >= 1 for run in runs)  # both judges took tasks
+
+
+def test_a_queued_judge_that_cannot_start_fails_each_task_once_instead_of_restarting_forever(monkeypatch):
+    """A judge that dies before taking any task (here its interpreter cannot run at all) is no reason to
+    start another judge for the same list: the driver takes the next task itself and runs it alone, so
+    each task ends once, with the judge's failure, and the run ends."""
+    from cudagym.eval.evaluate import judges_lock_dir, run_queued_jobs
+    from cudagym.eval.gpulock import task_queue
+
+    monkeypatch.setattr("sys.executable", "/bin/false")
+    config = FilterConfig(device="cpu", seed=1).probe_config()
+    tasks = [TASKS["good"], TASKS["degenerate_zeros"], TASKS["non_finite"]]
+    reported = []
+    with task_queue(judges_lock_dir(config)) as queue:
+        results = run_queued_jobs(tasks, "filter-probe", config, queue, on_result=lambda i, r: reported.append(i))
+    assert sorted(reported) == [0, 1, 2]
+    assert all(r["status"] == "runtime_error" and r.get("judge_error") for r in results), results
