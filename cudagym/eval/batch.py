@@ -182,13 +182,18 @@ def run_references(pool, shares: list[list[Task]], mode: str, on_result: Callabl
                    description: str) -> None:
     """On an open pool, one judge per share of tasks, each running its tasks in `mode`;
     on_result(task, machine env, result) runs in this thread once per finished task."""
-    def record(share: list[Task], result: tuple[dict, dict[str, dict]]) -> None:
-        env, by_id = result
-        for task in share:
-            if task.id in by_id:  # a stopped judge reports only what it finished
-                on_result(task, env, by_id[task.id])
+    pool.run(((s, partial(reference_job, s, mode, frozenset())) for s in shares),
+             lambda share, result: report_finished(share, result, on_result), description, len(shares))
 
-    pool.run(((s, partial(reference_job, s, mode, frozenset())) for s in shares), record, description, len(shares))
+
+def report_finished(tasks: list[Task], result: tuple[dict, dict[str, dict]],
+                    on_result: Callable[[Task, dict, dict], None]) -> None:
+    """A judge's job ended: on_result(task, machine env, result) for each of its tasks that it finished
+    (a stopped judge reports only those, a judge of a queue only those it took)."""
+    env, by_id = result
+    for task in tasks:
+        if task.id in by_id:
+            on_result(task, env, by_id[task.id])
 
 
 def queued_job(tasks: list[Task], mode: str, queue: str, worker: Worker) -> tuple[dict, dict[str, dict]]:
@@ -212,15 +217,9 @@ def run_queue(pool, tasks: list[Task], mode: str, judges: int, chunk: int,
         run_references(pool, chunks_of(tasks, chunk), mode, on_result, description)
         return
     judges = max(1, min(judges, len(tasks)))
-
-    def record(_: int, result: tuple[dict, dict[str, dict]]) -> None:
-        env, by_id = result
-        for task in tasks:
-            if task.id in by_id:
-                on_result(task, env, by_id[task.id])
-
     with task_queue(judges_lock_dir(pool.worker.config)) as queue:
-        pool.run(((i, partial(queued_job, tasks, mode, queue)) for i in range(judges)), record, description, judges)
+        pool.run(((i, partial(queued_job, tasks, mode, queue)) for i in range(judges)),
+                 lambda _, result: report_finished(tasks, result, on_result), description, judges)
 
 
 def run_submission(submission_dir: str | Path, tasks: list[Task], store: Store, name: str, config: EvalConfig,

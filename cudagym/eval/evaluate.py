@@ -483,32 +483,32 @@ def run_queued_jobs(tasks: list[Task], mode: str, config: EvalConfig, queue: str
     done = judged.get("results") or []
     for i, result in enumerate(done):
         report(i, result)
-    if len(done) < len(tasks):  # it ended early: it hung, died, or its CUDA context broke
-        rest = len(done)
+    rest = after = len(done)  # the tasks this judge ended; where a new judge takes up the list
+    if rest < len(tasks):  # it ended early: it hung, died, or its CUDA context broke
         ended = ({"status": "timeout", "reason": judged["reason"]} if judged.get("stalled")
                  else {k: v for k, v in judged.items() if k != "results"})
         if task_claimant(queue, keys[rest]) == token:  # it was on this task: that is the task's result
             report(rest, ended)
-            rest += 1
+            rest = after = rest + 1
         elif not done:  # it died before taking a task (its start failed): not a new judge for the same list,
             # which could fail the same way forever, but the next task nobody has, alone (as the chunked path
             # runs each task of a dead judge), then the rest
             mine = next((j for j in range(rest, len(tasks)) if claim_task(queue, keys[j], token)), None)
             if mine is None:
                 return results
-            results[mine] = run_reference_job(tasks[mine], mode, config)
+            results[mine] = run_reference_job(tasks[mine], mode, config)  # run_judge's own rerun if out of memory
             if on_result:
                 on_result(mine, results[mine])
-            rest = mine + 1
-        if rest < len(tasks):
-            later = run_queued_jobs(tasks[rest:], mode, config, queue,
-                                    on_result=(lambda j, r: on_result(rest + j, r)) if on_result else None)
-            results[rest:] = later
-    for i, result in enumerate(results):
-        if result is not None and out_of_memory(result):
+            after = mine + 1
+    for i in range(rest):  # this judge's tasks that ran out of memory beside others (not the new judge's below)
+        if results[i] is not None and out_of_memory(results[i]):
             results[i] = run_reference_job(tasks[i], mode, config)
             if on_result:
                 on_result(i, results[i])
+    if after < len(tasks):  # the rest of the list, in one new judge
+        later = run_queued_jobs(tasks[after:], mode, config, queue,
+                                on_result=(lambda j, r: on_result(after + j, r)) if on_result else None)
+        results[after:] = later
     return results
 
 
