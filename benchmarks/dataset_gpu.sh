@@ -14,7 +14,8 @@
 # scale setting it started with), ROUND (150: candidates a round composes, sizes and filters; on
 # the H200 in session 15 a round of 150 took ~50 s to compose, ~115 s to size and over 75 s to check,
 # so a round of 300 publishes nothing within one call), PARALLEL (16 judges), FILTER_FLAGS (e.g.
-# `--filter-passes 1`: each judge checks, compiles and times, for the A/B against the two passes).
+# `--filter-passes 1`: each judge checks, compiles and times, for the A/B against the two passes), and from the
+# caller's environment CUDAGYM_GPU_LOCK_POLICY (`writers-first`: the lock order's A/B, docs/evaluation.md).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 source "$(dirname "$0")/datasets_wheels.sh" /tmp/site-datasets || exit 1  # datasets: publish writes the parquet
@@ -25,7 +26,7 @@ if [ ! -f "$BUILD/build.duckdb" ] && [ -f .devout/dataset-state.tar.gz ]; then
 fi
 # the seed crawl of this box's torch and transformers (crawl.on_disk), carried in the state: 10-15 s of a call's start
 [ -d "$BUILD/crawl" ] && mkdir -p "$CUDAGYM_CACHE/crawl" && cp "$BUILD"/crawl/*.pkl "$CUDAGYM_CACHE/crawl/" 2>/dev/null
-echo "resume: $(ls "$BUILD" 2>/dev/null | paste -sd' ' || echo fresh), $(date -u)" | tee "$OUT/build.log"
+echo "resume: $(ls "$BUILD" 2>/dev/null | paste -sd' ' || echo fresh), lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}, $(date -u)" | tee "$OUT/build.log"
 sample_load "$OUT/load.txt"
 SAMPLER=$!
 t0=$(date +%s)
@@ -38,7 +39,8 @@ rc=$? WALL=$(( $(date +%s) - t0 ))
 echo "build rc=$rc wall $WALL s, $(date -u)" | tee -a "$OUT/build.log"
 kill $SAMPLER
 # record this call (calls.jsonl, which travels in the state), pack the state, then report with its size
-python3 benchmarks/dataset_report.py "$BUILD" --wall-s "$WALL" --out "$OUT" > /dev/null 2>> "$OUT/build.log"
+SETUP="${FILTER_FLAGS:-two passes}; lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+python3 benchmarks/dataset_report.py "$BUILD" --wall-s "$WALL" --setup "$SETUP" --out "$OUT" > /dev/null 2>> "$OUT/build.log"
 mkdir -p "$BUILD/crawl" && cp "$CUDAGYM_CACHE"/crawl/*.pkl "$BUILD/crawl/" 2>/dev/null
 (cd "$BUILD" && tar -czf "$OUT/dataset-state.tar.gz" build.duckdb $(ls -d build.duckdb.wal calls.jsonl funnel.json dataset crawl 2>/dev/null))
 python3 benchmarks/dataset_report.py "$BUILD" --packed "$OUT/dataset-state.tar.gz" --out "$OUT" > /dev/null 2>> "$OUT/build.log"

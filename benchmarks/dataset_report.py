@@ -94,14 +94,15 @@ def judge_seconds(build: Path) -> dict:
                                                  "reasons": dict(Counter(r for r, _ in sized))}}
 
 
-def record_call(build: Path, wall_s: float, gpus: int) -> list[dict]:
-    """Append this call's deltas to BUILD/calls.jsonl; all calls so far."""
+def record_call(build: Path, wall_s: float, gpus: int, setup: str = "") -> list[dict]:
+    """Append this call's deltas to BUILD/calls.jsonl (with `setup`: what this call ran, for an A/B); all calls so far."""
     log = build / "calls.jsonl"
     calls = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
     now = totals(build)
     before = calls[-1]["totals"] if calls else {k: 0 for k in now}
     delta = {k: now[k] - before.get(k, 0) for k in now}
-    calls.append({"call": len(calls) + 1, "wall_s": round(wall_s, 1), "gpus": gpus, "totals": now, "delta": delta})
+    calls.append({"call": len(calls) + 1, "wall_s": round(wall_s, 1), "gpus": gpus, "setup": setup, "totals": now,
+                  "delta": delta})
     with log.open("a") as f:
         f.write(json.dumps(calls[-1]) + "\n")
     return calls
@@ -109,7 +110,7 @@ def record_call(build: Path, wall_s: float, gpus: int) -> list[dict]:
 
 def per_call(call: dict) -> dict:
     d, gpu_min = call["delta"], call["wall_s"] * call["gpus"] / 60
-    return {"call": call["call"], "wall_s": call["wall_s"], "gpus": call["gpus"], **d,
+    return {"call": call["call"], "wall_s": call["wall_s"], "gpus": call["gpus"], "setup": call.get("setup") or "", **d,
             "kept_per_gpu_min": round(d["kept"] / gpu_min, 1) if gpu_min else None,
             "yield": round(d["kept"] / d["filtered"], 4) if d["filtered"] else None}
 
@@ -164,12 +165,12 @@ def markdown(r: dict) -> str:
     lines = [f"# Dataset build report ({r['status']}: {o['published']} rows published)", ""]
     if r["note"]:
         lines += [f"Note: {r['note']}", ""]
-    lines += ["| call | wall s | GPUs | composed | filtered | kept | published | kept / GPU-min | yield |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["| call | setup | wall s | GPUs | composed | filtered | kept | published | kept / GPU-min | yield |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in r["calls"]:
-        lines.append(f"| {c['call']} | {c['wall_s']} | {c['gpus']} | {c['composed']} | {c['filtered']} | {c['kept']} | "
-                     f"{c['published']} | {c['kept_per_gpu_min']} | {c['yield']} |")
-    lines += [f"| all | {sum(c['wall_s'] for c in r['calls'])} | | {o['composed']} | {o['filtered']} | {o['kept']} | "
+        lines.append(f"| {c['call']} | {c['setup'] or '–'} | {c['wall_s']} | {c['gpus']} | {c['composed']} | "
+                     f"{c['filtered']} | {c['kept']} | {c['published']} | {c['kept_per_gpu_min']} | {c['yield']} |")
+    lines += [f"| all | | {sum(c['wall_s'] for c in r['calls'])} | | {o['composed']} | {o['filtered']} | {o['kept']} | "
               f"{o['published']} | **{o['kept_per_gpu_min']}** (target >= {TARGET_PER_GPU_MIN:g}) | "
               f"**{o['yield']}** (target >= {TARGET_YIELD:g}) |", "",
               f"Published per composed candidate: {o['published_per_composed']}; checked in pass 1, not yet timed: "
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wall-s", type=float, default=None,
                     help="this call's build wall, seconds: records the call in BUILD/calls.jsonl (without: report only)")
     ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--setup", default="", help="what this call ran (recorded with --wall-s), e.g. 'two passes; lock turnstile; H100'")
     ap.add_argument("--packed", type=Path, default=None, help="the packed resumable state, to report its size")
     ap.add_argument("--out", type=Path, default=None, help="folder for report.md and report.json (default BUILD)")
     args = ap.parse_args(argv)
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = args.build / "calls.jsonl"
     if args.wall_s is not None:
-        calls = record_call(args.build, args.wall_s, args.gpus)
+        calls = record_call(args.build, args.wall_s, args.gpus, args.setup)
     elif log.exists():
         calls = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     else:

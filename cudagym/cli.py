@@ -970,11 +970,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import duckdb
 
+    from cudagym.eval.gpulock import lock_policy
     from cudagym.tasks import TaskError
     from cudagym.tasks.db import interrupted
 
     try:
         args = build_parser().parse_args(argv)
+        lock_policy()  # a bad CUDAGYM_GPU_LOCK_POLICY is one line here, not a crash in every judge
         args.levels_given = getattr(args, "levels", None) is not None
         args.kb_version_given = getattr(args, "kb_version", None) is not None
         if hasattr(args, "levels") and args.levels is None:

@@ -64,6 +64,13 @@ def test_missing_files_unknown_problems_and_bad_options_exit_1_with_one_line(tmp
         assert len(err.splitlines()) == 1 and err.startswith("cudagym: error:"), (argv, err)
 
 
+def test_an_unknown_gpu_lock_policy_is_one_line_before_any_judge_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CUDAGYM_GPU_LOCK_POLICY", "fifo")
+    assert main(["eval", "one", "--ref", str(RELU_REF), "--candidate", str(RELU_REF), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "CUDAGYM_GPU_LOCK_POLICY" in err and "writers-first" in err
+
+
 def test_eval_one_prints_a_verdict_that_rejects_a_passthrough_on_a_degenerate_problem(tmp_path):
     cand = write(tmp_path / "cand.py", "import torch.nn as nn\nclass ModelNew(nn.Module):\n"
                                       "    def forward(self, x):\n        return x\n")

@@ -8,7 +8,9 @@ started it (`eval one`, `eval run`, baselines, the filter, an agent's verify or 
 worker). The CPU has a lock too: judges timing on the CPU take it alone.
 
 Correctness checks may share the GPU (`shared`); timing may not (`exclusive`). A turnstile lock
-makes a waiting timer block new readers, so timing is never starved by a stream of checks.
+makes a waiting timer block new readers, so timing is never starved by a stream of checks; with
+CUDAGYM_GPU_LOCK_POLICY=writers-first, queued timers also go one after another before the readers
+waiting for them, who then go together (`LOCK_POLICIES`: what each order costs).
 
 The exclusive lock keeps the GPU quiet, not the host: a network of many small kernels is timed
 mostly on the CPU that launches them, and on the H200 box other judges importing torch and
@@ -63,13 +65,45 @@ def device_lock_path(folder: str, device: str) -> str:
     return os.path.join(folder, f"gpu-{uuid or torch.cuda.get_device_name(device).replace(' ', '_')}.lock")
 
 
+# Who goes first among judges waiting for a GPU, per process (env CUDAGYM_GPU_LOCK_POLICY):
+# - "turnstile" (default): a waiting timer blocks new readers, and takes the GPU when the readers in
+#   it are done. When every judge alternates a shared phase (a build, a first call) with a timing turn,
+#   as a probe wave's or a timing pass's judges do, each timer lets about one reader in ahead of it: the
+#   phases run one after the other (a convoy; on the H100, session 27, a wave's judges waited ~400 of
+#   ~430 judge-seconds and its wall time was the sum of every judge's phases).
+# - "writers-first": timers queue (a shared flock on `<lock>.writers`), and a reader waits until the
+#   queue is empty (at most READER_PATIENCE_S, then as with the turnstile): the queued timers go one
+#   after another, then every waiting reader at once. Timing is as exclusive as before; only the order
+#   differs. Measured on the CPU only so far (benchmarks/gpulock_convoy.py).
+LOCK_POLICIES = ("turnstile", "writers-first")
+# The longest a reader waits for a queue of timers to empty before it queues as with the turnstile: a
+# timing turn is at most a few seconds (the harness's max_timing_s), so readers beside a stream of
+# timers are delayed, never starved.
+READER_PATIENCE_S = 10.0
+
+
+def lock_policy() -> str:
+    """This process's GPU lock policy (LOCK_POLICIES), from CUDAGYM_GPU_LOCK_POLICY."""
+    policy = os.environ.get("CUDAGYM_GPU_LOCK_POLICY") or "turnstile"
+    if policy not in LOCK_POLICIES:
+        raise ValueError(f"CUDAGYM_GPU_LOCK_POLICY must be one of {', '.join(LOCK_POLICIES)}, got {policy!r}")
+    return policy
+
+
 @contextlib.contextmanager
-def gpu_lock(path: str | None, exclusive: bool):
+def gpu_lock(path: str | None, exclusive: bool, policy: str | None = None):
+    """Hold the device lock at `path` shared or exclusive; policy (None: `lock_policy()`) orders the waiters."""
     if not path:
         yield
         return
+    queue_fd = _open(path + ".writers") if (policy or lock_policy()) == "writers-first" else None
     turnstile_fd, data_fd = _open(path + ".turnstile"), _open(path)
     try:
+        if queue_fd is not None:
+            if exclusive:  # in the timers' queue until this turn ends
+                fcntl.flock(queue_fd, fcntl.LOCK_SH)
+            else:  # no timer queued (held while this reader gets in, so no timer slips in between)
+                _flock_within(queue_fd, READER_PATIENCE_S, poll_s=0.005)
         fcntl.flock(turnstile_fd, fcntl.LOCK_EX)
         if exclusive:
             fcntl.flock(data_fd, fcntl.LOCK_EX)
@@ -77,11 +111,15 @@ def gpu_lock(path: str | None, exclusive: bool):
         else:
             fcntl.flock(turnstile_fd, fcntl.LOCK_UN)
             fcntl.flock(data_fd, fcntl.LOCK_SH)
+            if queue_fd is not None:
+                fcntl.flock(queue_fd, fcntl.LOCK_UN)
         yield
     finally:
         fcntl.flock(data_fd, fcntl.LOCK_UN)
         os.close(data_fd)
         os.close(turnstile_fd)
+        if queue_fd is not None:
+            os.close(queue_fd)  # drops its flock
 
 
 def _open(path: str) -> int:

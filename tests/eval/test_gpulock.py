@@ -3,6 +3,7 @@ blocks new readers (writer preference)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -13,15 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from cudagym.eval.gpulock import build_folder_lock, compile_claim, gpu_lock
+from cudagym.eval import gpulock
+from cudagym.eval.gpulock import LOCK_POLICIES, build_folder_lock, compile_claim, gpu_lock
 
 REPO = str(Path(__file__).resolve().parents[2])
 
-# Takes the lock, writes the monotonic time (system-wide clock) to MARK, holds it HOLD_S seconds.
+# Marks MARK.arrived, takes the lock, writes the monotonic time (system-wide clock) to MARK, holds it HOLD_S seconds.
 HOLDER = textwrap.dedent("""
     import sys, time
     from cudagym.eval.gpulock import gpu_lock
     path, exclusive, mark, hold_s = sys.argv[1], sys.argv[2] == "1", sys.argv[3], float(sys.argv[4])
+    open(mark + ".arrived", "w").close()  # about to ask for the lock
     with gpu_lock(path, exclusive=exclusive):
         with open(mark, "w") as f:
             f.write(repr(time.monotonic()))
@@ -51,8 +54,10 @@ def finish(proc: subprocess.Popen) -> float:
     return float(out.strip())
 
 
-@pytest.fixture
-def lock(tmp_path) -> str:
+@pytest.fixture(params=LOCK_POLICIES)
+def lock(tmp_path, request, monkeypatch) -> str:
+    """A lock path; every holder of the test (this process, its children) under one of the policies."""
+    monkeypatch.setenv("CUDAGYM_GPU_LOCK_POLICY", request.param)
     return str(tmp_path / "gpu.lock")
 
 
@@ -113,6 +118,44 @@ def test_waiting_writer_blocks_new_readers(lock, tmp_path):
     finish(writer)
     finish(reader2)
     assert t_reader2 >= t_writer + 0.45  # the writer went first and held it for its 0.5 s
+
+
+def test_writers_first_lets_a_timer_that_queued_after_a_reader_go_before_it(tmp_path, monkeypatch):
+    """Waiting in the order timer, reader, timer behind a holder: the turnstile alone serves them in that
+    order, so the second timer waits for the reader's whole turn (with every judge alternating a shared
+    phase and a timing turn, that is the convoy of benchmarks/gpulock_convoy.py); writers-first serves
+    both timers, then the reader."""
+    monkeypatch.setenv("CUDAGYM_GPU_LOCK_POLICY", "writers-first")
+    lock = str(tmp_path / "gpu.lock")
+    first = start_holder(lock, True, tmp_path / "w1", hold_s=6.0)
+    wait_for(tmp_path / "w1")
+    procs = [first]
+    for name, exclusive in (("w2", True), ("r", False), ("w3", True)):
+        procs.append(start_holder(lock, exclusive, tmp_path / name, hold_s=0.3))
+        arrived = tmp_path / f"{name}.arrived"
+        while not arrived.exists():
+            time.sleep(0.01)
+        time.sleep(0.3)  # waiting for the lock before the next arrives
+    t = {name: wait_for(tmp_path / name) for name in ("w2", "r", "w3")}
+    for proc in procs:
+        finish(proc)
+    assert t["w2"] < t["w3"] and t["r"] >= t["w3"] + 0.25  # the reader after the second timer's whole turn
+
+
+def test_a_reader_waits_for_the_timers_queue_no_longer_than_its_patience(tmp_path, monkeypatch):
+    lock = str(tmp_path / "gpu.lock")
+    with gpu_lock(lock, exclusive=False, policy="writers-first"):  # creates the files
+        pass
+    monkeypatch.setattr(gpulock, "READER_PATIENCE_S", 0.5)
+    queue = os.open(lock + ".writers", os.O_RDONLY)
+    fcntl.flock(queue, fcntl.LOCK_SH)  # a timer that queued and never leaves
+    try:
+        t0 = time.monotonic()
+        with gpu_lock(lock, exclusive=False, policy="writers-first"):
+            waited = time.monotonic() - t0
+    finally:
+        os.close(queue)
+    assert 0.4 <= waited < 5.0
 
 
 MEMORY_HOLDER = """

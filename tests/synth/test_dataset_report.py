@@ -33,7 +33,8 @@ def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path
     funnel = build_dataset(_config(out, 5))  # the next call: a larger target resumes the same folder
     with tarfile.open(tmp_path / "state.tar.gz", "w:gz") as tar:
         tar.add(out / "build.duckdb", "build.duckdb")
-    assert dataset_report.main([str(out), "--wall-s", "30", "--out", str(tmp_path / "r2")]) == 0
+    assert dataset_report.main([str(out), "--wall-s", "30", "--setup", "one pass; lock writers-first",
+                                "--out", str(tmp_path / "r2")]) == 0
     assert dataset_report.main([str(out), "--packed", str(tmp_path / "state.tar.gz"), "--out", str(tmp_path / "r2")]) == 0
 
     db = duckdb.connect(str(out / "build.duckdb"), read_only=True)
@@ -71,7 +72,9 @@ def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path
     line = next(l for l in md.splitlines() if l.startswith("Filter judge seconds (sum / median over decisions): "))
     named = [part.split()[0] for part in line.split(": ", 1)[1].rstrip(".").split(", ")]
     assert named == [p.removesuffix("_s") for p in PHASES]
-    assert f"| all | 90.0 |" in md and "| torch#2 |" in md and "0 of 5 published rows" in md
+    assert first["setup"] == "" and second["setup"] == "one pass; lock writers-first"  # what each call of an A/B ran
+    assert "| 2 | one pass; lock writers-first | 30.0 |" in md and "| 1 | – | 60.0 |" in md
+    assert f"| all | | 90.0 |" in md and "| torch#2 |" in md and "0 of 5 published rows" in md
 
 
 def test_report_of_a_call_that_published_nothing(tmp_path):

@@ -129,10 +129,11 @@ def test_the_stochastic_op_is_named(filtered):
 
 
 @pytest.mark.slow
-def test_two_passes_decide_as_one_and_time_only_what_passed_the_checks(filtered):
-    """The GPU's two passes (check and compile everything, then time the survivors), run on the CPU:
-    the same decisions as one pass; the compile cost is pass 1's; tasks dropped by a check are never
-    timed."""
+def test_two_passes_decide_as_one_and_time_only_what_passed_the_checks(filtered, monkeypatch):
+    """The GPU's two passes (check and compile everything, then time the survivors), run on the CPU
+    and with the writers-first lock order (gpulock.LOCK_POLICIES; the one pass had the turnstile): the
+    same decisions as one pass; the compile cost is pass 1's; tasks dropped by a check are never timed."""
+    monkeypatch.setenv("CUDAGYM_GPU_LOCK_POLICY", "writers-first")  # inherited by the judges
     kept_one, rejects_one, _ = filtered
     config = FilterConfig(device="cpu", parallel=2, chunk=2, task_timeout_s=180.0, seed=1, two_pass=True)
     results = {}
