@@ -10,6 +10,7 @@ the exclusive turns alone (N x K x EXCL_S, what no order beats) and every phase 
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
 import sys
@@ -41,8 +42,13 @@ def run(policy: str, n: int, k: int, shared_s: float, excl_s: float) -> float:
 
 
 def main() -> None:
-    n, k = (int(a) for a in (sys.argv[1:3] + ["16", "10"][len(sys.argv[1:3]):]))
-    shared_s, excl_s = (float(a) for a in (sys.argv[3:5] + ["0.1", "0.02"][len(sys.argv[3:5]):]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", type=int, nargs="?", default=16, help="judges")
+    ap.add_argument("k", type=int, nargs="?", default=10, help="tasks per judge")
+    ap.add_argument("shared_s", type=float, nargs="?", default=0.1, help="each task's shared phase, seconds")
+    ap.add_argument("excl_s", type=float, nargs="?", default=0.02, help="each task's exclusive turn, seconds")
+    args = ap.parse_args()
+    n, k, shared_s, excl_s = args.n, args.k, args.shared_s, args.excl_s
     print(f"{n} judges x {k} tasks, shared {shared_s} s then exclusive {excl_s} s: exclusive turns alone "
           f"{n * k * excl_s:.2f} s, every phase in turn {n * k * (shared_s + excl_s):.2f} s")
     for policy in LOCK_POLICIES:
