@@ -235,11 +235,13 @@ def out_of_memory(result: dict) -> bool:
 
 
 def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str,
-                    stall_s: float | None, on_line: Callable[[int, dict], None] | None = None) -> tuple[str, bool] | None:
+                    stall_s: float | None, on_line: Callable[[int, dict], None] | None = None,
+                    busy: Callable[[], bool] | None = None) -> tuple[str, bool] | None:
     """Wait for the judge to end; None if it did, else (why it was killed, whether it stalled): it
     ran past timeout_s, or (stall_s given) no task of its several finished for stall_s. A judge of n
     tasks has n task budgets in all, so without the stall check one hung task would hold it that long.
-    Each new line of its results (a task finished) goes to on_line as it appears (checked every second)."""
+    Each new line of its results (a task finished) goes to on_line as it appears (checked every second).
+    busy (a fed judge, which waits idle for tasks): the stall clock runs only while busy() says it has one."""
     deadline = time.monotonic() + timeout_s
     finished, progress_at = 0, time.monotonic()
     polled = stall_s or on_line
@@ -253,7 +255,7 @@ def _wait_for_judge(proc: subprocess.Popen, timeout_s: float, lines_path: str,
         now = time.monotonic()
         if polled:
             lines = _report_lines(lines_path, finished, on_line)
-            if lines != finished:
+            if lines != finished or (busy is not None and not busy()):
                 finished, progress_at = lines, now
             if stall_s and now - progress_at > stall_s:
                 killed = (f"task {finished + 1} of the judge finished nothing in {stall_s:.0f} s", True)
@@ -295,11 +297,13 @@ def judges_lock_dir(config: EvalConfig) -> str:
 
 
 def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = None,
-                    on_line: Callable[[int, dict], None] | None = None) -> dict:
-    """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict."""
+                    on_line: Callable[[int, dict], None] | None = None, timeout_s: float | None = None,
+                    busy: Callable[[], bool] | None = None) -> dict:
+    """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict.
+    timeout_s: the whole judge's bound (default: the config's for one run); busy: see _wait_for_judge."""
     if _STOPPING.is_set():  # a job that got a thread as its batch was being stopped
         raise Interrupted()
-    timeout_s = config.judge_timeout_s
+    timeout_s = timeout_s or config.judge_timeout_s
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
     # The judge writes its workdir, the build caches and (for the shared memory ledger) the lock folder.
     locks = judges_lock_dir(config)
@@ -327,7 +331,7 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
                 if _STOPPING.is_set():  # the batch was stopped after the check above: this judge was started too late
                     kill_tree(proc.pid)
             try:
-                killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s, on_line)
+                killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s, on_line, busy)
             except KeyboardInterrupt:  # Ctrl-C, or a caller's deadline: the judge goes too, and says where it was
                 where = judge_phase(workdir)
                 kill_tree(proc.pid)
@@ -425,8 +429,9 @@ def verdict_from_result(result: dict, verdict: Verdict, t_compile_ms: float | No
     return verdict.finish()
 
 
-def _reference_request(task: Task, mode: str, config: EvalConfig, compile_baseline: bool) -> dict:
-    return {"mode": mode, "ref_code": task.code, "device": config.device, "n_checks": config.n_checks,
+def reference_request(ref_code: str, mode: str, config: EvalConfig, compile_baseline: bool) -> dict:
+    """A judge's request for a reference mode (baseline, warm, audit, the filter's) of one problem's code."""
+    return {"mode": mode, "ref_code": ref_code, "device": config.device, "n_checks": config.n_checks,
             "atol": config.atol, "rtol": config.rtol, "timing_mode": config.timing_mode, "precision": config.precision,
             "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
             "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
@@ -437,7 +442,7 @@ def _reference_request(task: Task, mode: str, config: EvalConfig, compile_baseli
 def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baseline: bool = True) -> dict:
     """Baseline times (mode "baseline"), a cache-filling compile ("warm") or accepted degenerate
     probes ("audit") for one task."""
-    return run_judge(_reference_request(task, mode, config, compile_baseline), config)
+    return run_judge(reference_request(task.code, mode, config, compile_baseline), config)
 
 
 # A baseline or compile judge's task with a large memory share that waits this long for admission is
@@ -470,7 +475,7 @@ def run_queued_jobs(tasks: list[Task], mode: str, config: EvalConfig, queue: str
         if on_result and not out_of_memory(result):  # else reported after its run alone, below
             on_result(i, result)
 
-    request = dict(_reference_request(tasks[0], mode, config, True), ref_codes=[t.code for t in tasks],
+    request = dict(reference_request(tasks[0].code, mode, config, True), ref_codes=[t.code for t in tasks],
                    queue=queue, claim_keys=keys, claim_token=token)
     chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
                            task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))
@@ -533,7 +538,7 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
         task was deferred (a compile judge's deferred task is left to the timing judge that times it)."""
         return result is None or out_of_memory(result) or (mode != "warm" and bool(result.get("deferred")))
 
-    request = dict(_reference_request(tasks[0], mode, config, compile_baseline), ref_codes=[t.code for t in tasks],
+    request = dict(reference_request(tasks[0].code, mode, config, compile_baseline), ref_codes=[t.code for t in tasks],
                    defer_memory_s=DEFER_MEMORY_S if mode in ("baseline", "warm") else None)
     chunk_config = replace(config, build_timeout_s=config.build_timeout_s * len(tasks),
                            task_timeout_s=config.task_timeout_s and config.task_timeout_s * len(tasks))

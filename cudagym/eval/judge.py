@@ -117,6 +117,10 @@ class Request:
     queue: str | None = None
     claim_keys: list | None = None
     claim_token: str = ""
+    # A feed (cudagym.eval.feed): long-lived judges that take tasks as the driver adds them, numbered item files
+    # in this folder, claimed as a queue's are; the judge ends when it has seen every item and the driver's end
+    # mark. Each result line carries its item's key ("feed_key").
+    feed: str | None = None
     timing_cpus: tuple = ()  # cores this GPU's exclusive-lock holder times on (gpulock.timing_cpu_split)
     work_cpus: tuple = ()  # cores for everything else
     slow_call_s: float | None = None  # filter modes: a first and a warm reference call slower than this end the measurement
@@ -1504,20 +1508,16 @@ def main(argv: list[str]) -> int:
     if req.device == "cpu":
         share_inductor_headers()
     os.environ["TMPDIR"] = tempfile.tempdir = req.workdir  # the only writable place besides the build caches
-    if req.ref_codes is None:
+    if req.ref_codes is None and req.feed is None:
         result = evaluate_or_explain(req, sandbox)
     else:  # one line per task as it finishes: if this process dies, the driver keeps what is done
         released_s = None  # releasing the task before: reported with the next (its line is written by then)
         with open(os.path.join(req.workdir, "results.jsonl"), "w") as lines:
-            for i, code in enumerate(req.ref_codes):
-                if req.queue and not claim_task(req.queue, req.claim_keys[i], req.claim_token):
-                    lines.write(json.dumps({"claimed_elsewhere": True}) + "\n")
-                    lines.flush()
-                    continue
-                last = i == len(req.ref_codes) - 1  # deferring the last task gains nothing
+            for code, tags, last in (fed_tasks(req) if req.feed else listed_tasks(req, lines)):
                 t0 = time.perf_counter()
                 result = evaluate_or_explain(dataclasses.replace(req, ref_code=code, defer_memory_s=None if last
                                                                  else req.defer_memory_s), sandbox)
+                result.update(tags)
                 # the task's whole time in this judge: its phases and whatever none of them names (loading the
                 # reference, the memory reservation's bookkeeping), so a pass line shows what is unaccounted for
                 result["task_s"] = round(time.perf_counter() - t0, 3)
@@ -1540,6 +1540,42 @@ def main(argv: list[str]) -> int:
     with open(result_path, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def listed_tasks(req: Request, lines):
+    """The tasks of a judge's list (`ref_codes`) that it runs: (code, tags for its result line, whether it is
+    the list's last). With a queue, each only once claimed; a task another judge took is a line
+    {"claimed_elsewhere": true}, so line i stays task i's."""
+    for i, code in enumerate(req.ref_codes):
+        if req.queue and not claim_task(req.queue, req.claim_keys[i], req.claim_token):
+            lines.write(json.dumps({"claimed_elsewhere": True}) + "\n")
+            lines.flush()
+            continue
+        yield code, {}, i == len(req.ref_codes) - 1  # deferring the last task gains nothing
+
+
+FEED_POLL_S = 0.05  # how often an idle fed judge looks for the next item: a probe's wait, not a CPU's load
+
+
+def fed_tasks(req: Request):
+    """The tasks of a feed (cudagym.eval.feed) that this judge claims, as the driver adds them: item n is
+    `<feed>/<n>.json` ({"key", "code"}, written whole by a rename), taken in order; the feed ends when every
+    item is seen and the driver's `end` mark is there. (code, {"feed_key": key}, False): a fed judge never
+    knows a task to be its last."""
+    n = 0
+    while True:
+        item = os.path.join(req.feed, f"{n:08d}.json")
+        try:
+            with open(item) as f:
+                entry = json.load(f)
+        except FileNotFoundError:
+            if os.path.exists(os.path.join(req.feed, "end")) and not os.path.exists(item):
+                return
+            time.sleep(FEED_POLL_S)
+            continue
+        n += 1
+        if claim_task(req.feed, entry["key"], req.claim_token):
+            yield entry["code"], {"feed_key": entry["key"]}, False
 
 
 def save_compile_artifacts() -> None:

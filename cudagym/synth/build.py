@@ -48,6 +48,8 @@ INTERRUPTED = "interrupted (Ctrl-C): every LLM answer so far is cached; rerun th
 STAGES = ("crawl", "compose", "dedup", "decontaminate", "filter", "label", "publish")
 
 
+PROBE_MODES = ("streamed", "waves")  # BuildConfig.probes
+
 @dataclass(frozen=True)
 class BuildConfig:
     out: str
@@ -65,6 +67,10 @@ class BuildConfig:
     # for. On the H200 (session 16) 228 of 230 searches ended within two probes, and the tail waves of
     # 1-2 probes cost 18-28 s each; the two searches that went on to 5 found no scale either.
     scale_probes: int = 3
+    # How the search's probes reach the judges: "streamed" (one set of long-lived judges for the round's
+    # search, each probe sent as its search asks, feed.JudgeFeed) or "waves" (a pass of new judges per
+    # step of the searches, each waiting for the slowest probe of the step before; the only way on Ray).
+    probes: str = "streamed"
     k_distribution: Mapping[int, float] = field(default_factory=lambda: dict(PAPER_K_DISTRIBUTION))
     transformers: bool = True  # crawl transformers seeds too (a core dependency)
     transformers_share: float = TRANSFORMERS_SHARE  # of the seed draws (compose.ComposeConfig)
@@ -95,6 +101,8 @@ class BuildConfig:
             raise ValueError("oversample must be >= 1")
         if self.max_rounds < 0 or (self.round_size is not None and self.round_size < 1):
             raise ValueError("max_rounds must be >= 0 and round_size >= 1")
+        if self.probes not in PROBE_MODES:
+            raise ValueError(f"probes must be one of {', '.join(PROBE_MODES)}, got {self.probes!r}")
         if self.filter_passes not in (None, 1, 2):
             raise ValueError(f"filter_passes must be 1 or 2, got {self.filter_passes}")
         self.compose_config(0)
@@ -145,7 +153,8 @@ class BuildConfig:
                  "no_transformers": not self.transformers,
                 "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None,
                  "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None,
-                 "filter_passes": self.filter_passes}
+                 "filter_passes": self.filter_passes,
+                 "probes": self.probes if self.scale_search and self.probes != BuildConfig.probes else None}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):
             flags["k_distribution"] = {str(k): v for k, v in sorted(dict(self.k_distribution).items())}
         if self.scale_search:
@@ -342,7 +351,7 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
     judges, `filter.eager_times`), each result stored as its search ends (a stopped round re-composes
     the same candidates and sizes only the rest); the sized tasks, in compose order."""
     from cudagym.eval.batch import open_pool
-    from cudagym.synth.filter import eager_times
+    from cudagym.synth.filter import eager_times, streamed_probes
     from cudagym.synth.scale import size_chains
 
     by_id = {seed.id: seed for seed in seeds}
@@ -353,8 +362,22 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
         _say(f"compose round {round_}: scale search for {len(chains)} candidates in {filter_config.window_ms} ms")
         with open_pool(filter_config.probe_config(), filter_config.parallel, filter_config.runner,
                        filter_config.address) as pool:
-            size_chains(chains, lambda tasks: eager_times(tasks, filter_config, pool, say=_say), config.search_config(),
-                        config.compose_config(round_), on_sized=store.add_sized)
+            ended = 0
+
+            def on_sized(sha: str, task: Task | None, choice) -> None:  # stored as it ends, with a line now and then
+                nonlocal ended
+                store.add_sized(sha, task, choice)
+                ended += 1
+                if ended % 50 == 0 or ended == len(chains):
+                    _say(f"compose round {round_}: scale search {ended} of {len(chains)} ended")
+
+            if config.probes == "streamed" and getattr(pool, "in_process", False):
+                with streamed_probes(pool, filter_config, say=_say) as stream:
+                    size_chains(chains, None, config.search_config(), config.compose_config(round_),
+                                on_sized=on_sized, stream=stream)
+            else:
+                size_chains(chains, lambda tasks: eager_times(tasks, filter_config, pool, say=_say),
+                            config.search_config(), config.compose_config(round_), on_sized=on_sized)
         done = store.sized()
     sized = []
     for task in composed:

@@ -149,7 +149,7 @@ PHASES = ("start_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", 
 PROBE_PHASES = ("start_s", "inputs_s", "call_s", "timing_s", "wait_s", "task_s", "release_s")
 
 
-def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: bool = False,
+def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], stopped: bool = False,
               phases: tuple[str, ...] = PHASES, done_at: list[float] | None = None) -> str:
     """One line on a pass of judges: its tasks (those finished of n, when stopped), wall time, and the
     judges' seconds per phase (sum and median over the tasks that report it): where a faster build has
@@ -161,7 +161,7 @@ def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: 
         values = sorted(m[key] for m in measured if isinstance(m.get(key), (int, float)))
         if values:
             parts.append(f"{key[:-2]} {sum(values):.0f} (median {values[len(values) // 2]:.2f})")
-    done = f"{len(measured)} of {n}" if stopped else f"{n}"
+    done = f"{len(measured)}" if n is None else f"{len(measured)} of {n}" if stopped else f"{n}"
     tail = ""
     if done_at:
         at = sorted(done_at)
@@ -171,9 +171,9 @@ def pass_line(what: str, n: int, seconds: float, measured: list[dict], stopped: 
 
 
 @contextlib.contextmanager
-def reported_pass(say: Callable[[str], None] | None, what: str, n: int, phases: tuple[str, ...] = PHASES):
-    """Around a pass of judges of n tasks: yields add(measurement), to be called as each task's
-    result comes in; says the pass's `pass_line` over them when it ends, or is stopped."""
+def reported_pass(say: Callable[[str], None] | None, what: str, n: int | None, phases: tuple[str, ...] = PHASES):
+    """Around a pass of judges of n tasks (None: as many as come, a feed's): yields add(measurement), to be
+    called as each task's result comes in; says the pass's `pass_line` over them when it ends, or is stopped."""
     t0, stopped = time.monotonic(), True
     measured: list[dict] = []
     done_at: list[float] = []
@@ -322,12 +322,30 @@ def eager_times(tasks: list[Task], config: FilterConfig, pool, say: Callable[[st
         run_queue(pool, tasks, "filter-probe", slots, even_chunk(len(tasks), slots, config.probe_chunk),
                   lambda task, env, result: (measured.__setitem__(task.id, result), seen(result)),
                   f"scale search: time {len(tasks)} probes, {min(slots, len(tasks))} judges")
+    return [probe_ms(measured.get(task.id)) for task in tasks]
 
-    def eager_ms(result: dict | None) -> float | None:
-        ok = result is not None and result.get("stage") == "done" and not result.get("error")
-        return result.get("t_eager_ms") if ok else None
 
-    return [eager_ms(measured.get(task.id)) for task in tasks]
+def probe_ms(result: dict | None) -> float | None:
+    """A probe's eager time (ms) from its judge's result; None where it failed, ran out of memory or time."""
+    ok = result is not None and result.get("stage") == "done" and not result.get("error")
+    return result.get("t_eager_ms") if ok else None
+
+
+@contextlib.contextmanager
+def streamed_probes(pool, config: FilterConfig, say: Callable[[str], None] | None = None):
+    """The scale search's probes streamed (`scale.size_chains(stream=...)`): yields stream(task, answer),
+    which sends the task to one set of long-lived judges (`feed.judge_feed`, `config.parallel` of them on
+    the local pool's machine) and calls answer(eager ms or None) when it is timed, as `eager_times` would
+    time it. The judges start at once and serve the whole search, so no probe waits for a wave's slowest
+    or a new judge's start. say(line), if given, hears one `pass_line` over every probe at the end."""
+    from cudagym.eval.feed import judge_feed
+
+    with reported_pass(say, "scale search probes, streamed", None, PROBE_PHASES) as seen, \
+            judge_feed(pool.worker.config, "filter-probe", config.parallel) as feed:
+        def stream(task: Task, answer: Callable[[float | None], None]) -> None:
+            feed.submit(task, lambda result: (seen(result), answer(probe_ms(result))))
+
+        yield stream
 
 
 def with_measurement(task: Task, result: FilterResult) -> Task:

@@ -226,24 +226,38 @@ def size_chain(seeds: Sequence[Seed], measure: Callable[[Task], float | None], c
     return (task if isinstance(task, Task) else None), choice
 
 
-def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list[Task]], list[float | None]],
+def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list[Task]], list[float | None]] | None,
                 config: ScaleSearch, compose: ComposeConfig | None = None,
-                on_sized: Callable[[str, Task | None, ScaleChoice], None] | None = None) -> None:
+                on_sized: Callable[[str, Task | None, ScaleChoice], None] | None = None,
+                stream: Callable[[Task, Callable[[float | None], None]], None] | None = None) -> None:
     """`size_chain` for every chain of `chains` ({key: seeds}); on_sized(key, task or None, choice)
     runs in this thread as each search ends. A search's next probe depends on its last, so probes
-    cannot be listed ahead: each search runs in its own thread, and when every search still running
-    waits for a time, `time_tasks` times all those tasks in one pass (a few tasks per judge, as the
-    filter runs), not one judge process per probe. The threads take turns (a search runs only while
+    cannot be listed ahead: each search runs in its own thread. With `time_tasks`, when every search
+    still running waits for a time, it times all those tasks in one pass (a few tasks per judge, as the
+    filter runs), not one judge process per probe: a wave of probes per step of the searches. With
+    `stream` instead (stream(task, answer): answer(eager ms or None) is called once, from any thread,
+    when the task is timed; `feed.JudgeFeed`), each probe goes to the judges the moment its search
+    asks, and no search waits for the others. The threads take turns (a search runs only while
     holding `turn`, released while it waits), so composing is never concurrent."""
+    if (time_tasks is None) == (stream is None):
+        raise ValueError("size_chains needs one of time_tasks and stream")
     turn = threading.Condition()
-    pending: list[list] = []  # probes asked for: [task, eager ms, answered]
+    pending: list[list] = []  # probes asked for and not yet sent (waves): [task, eager ms, answered]
     finished: list[tuple] = []  # (key, size_chain's result or the exception it raised)
     live = len(chains)
 
     def measure(task: Task) -> float | None:
         probe = [task, None, False]
-        pending.append(probe)
-        turn.notify_all()
+        if stream is not None:
+            def answer(eager_ms: float | None) -> None:
+                with turn:
+                    probe[1], probe[2] = eager_ms, True
+                    turn.notify_all()
+
+            stream(task, answer)
+        else:
+            pending.append(probe)
+            turn.notify_all()
         turn.wait_for(lambda: probe[2])
         return probe[1]
 
@@ -264,15 +278,20 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
         for thread in threads:
             thread.start()
         while True:
-            turn.wait_for(lambda: live == 0 or len(pending) == live)
+            if stream is not None:
+                turn.wait_for(lambda: live == 0 or finished)
+            else:
+                turn.wait_for(lambda: live == 0 or len(pending) == live)
             for key, result in finished:
                 if isinstance(result, Exception):
                     raise result
                 if on_sized:
                     on_sized(key, *result)
             finished.clear()
-            if not pending:  # every search has ended
+            if live == 0 and not pending:  # every search has ended
                 break
+            if stream is not None or len(pending) < live:
+                continue
             batch = pending[:]
             pending.clear()
             for probe, eager_ms in zip(batch, time_tasks([probe[0] for probe in batch]), strict=True):

@@ -196,18 +196,25 @@ def test_build_and_publish_from_the_cli(built, tmp_path, capsys):
     assert "someone/cudagym-ops" in (tmp_path / "hub" / "README.md").read_text()
 
 
-def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_path, capsys):
+@pytest.mark.parametrize("probes", ["streamed", "waves"])
+def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_path, capsys, probes):
     """--scale search on the CPU (one round), with a window narrow enough that scale 1 is mostly too
     fast: each candidate's probes and choice are stored, the sized code goes through the filter, and
-    the funnel's scale stage counts a reason per candidate it did not size."""
+    the funnel's scale stage counts a reason per candidate it did not size. Probes streamed to one set
+    of judges (one line for them all) or in waves (a line per wave), with the same outcome."""
     window = (1.0, 3.0)
     config = _config(tmp_path, target=2, max_rounds=1, scale_search=True, max_scale=6, scale_start=1, scale_probes=3,
-                     min_eager_ms=window[0], max_eager_ms=window[1])
+                     min_eager_ms=window[0], max_eager_ms=window[1], probes=probes)
     funnel = build_dataset(config)
     stages = {s["stage"]: s for s in funnel["stages"]}
     scale = stages["scale"]
-    waves = [line for line in capsys.readouterr().err.splitlines() if line.startswith("scale search probes: ")]
-    assert 2 <= len(waves) <= 3 and all("; judge seconds " in line for line in waves)  # a line per wave of probes
+    prefix = "scale search probes, streamed: " if probes == "streamed" else "scale search probes: "
+    waves = [line for line in capsys.readouterr().err.splitlines() if line.startswith(prefix)]
+    if probes == "streamed":  # one line, over every probe of the round
+        assert len(waves) == 1 and waves[0].startswith(f"{prefix}{scale['probes']} in ")
+    else:
+        assert 2 <= len(waves) <= 3  # a line per wave of probes
+    assert all("; judge seconds " in line for line in waves)
     assert all(re.search(r"\bcall \d+ \(median [\d.]+\)", line) for line in waves)  # their untimed first calls
     # the judges' starts and builds, and when the wave's results came in
     assert all(re.search(r"\bstart \d+ \(median [\d.]+\), inputs \d+", line) for line in waves)

@@ -4,6 +4,8 @@ runtimes, and real chains re-composed at the scales it probes (shapes from meta 
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pytest
 
@@ -160,3 +162,39 @@ def test_size_chains_times_every_running_search_in_one_pass():
 def test_size_chains_raises_a_search_failure_in_the_calling_thread():
     with pytest.raises(IndexError):  # no seeds: size_chain cannot start a chain
         size_chains({"empty": []}, lambda tasks: [1.0] * len(tasks), ScaleSearch((1.0, 2.0)))
+
+
+def test_size_chains_streamed_sends_each_probe_as_its_search_asks_and_ends_as_the_waves_do():
+    """With `stream`, a search's next probe goes out as its last is answered: every probe of a fast
+    search is answered before the first answer of a slow one (waves would hold the fast search at
+    each step), and every search ends as size_chain alone would."""
+    by_id = {s.id: s for s in crawl_torch()[0]}
+    chains = {"conv": [by_id["torch.nn.Conv2d"], by_id["torch.nn.ReLU"]], "relu": [by_id["torch.nn.ReLU"]]}
+
+    def measure(task) -> float:
+        return sum(tensor_numels(exec_task(task.code))) / 1e6
+
+    answered, sized = [], {}
+
+    def stream(task, answer):
+        slow = "torch.nn.Conv2d" in task.provenance["seed_ids"]
+
+        def later():
+            time.sleep(0.5 if slow else 0.0)
+            answered.append("conv" if slow else "relu")
+            answer(measure(task))
+
+        threading.Thread(target=later).start()
+
+    config = ScaleSearch((10.0, 40.0), max_scale=32, start=2)
+    size_chains(chains, None, config, on_sized=lambda key, task, choice: sized.__setitem__(key, (task, choice)),
+                stream=stream)
+    assert set(sized) == set(chains)
+    for key, seeds in chains.items():
+        task, choice = sized[key]
+        alone_task, alone = size_chain(seeds, measure, config)
+        assert choice == alone and (task and task.code) == (alone_task and alone_task.code)
+    n_relu = len(sized["relu"][1].probes)
+    assert n_relu >= 2 and answered[:n_relu] == ["relu"] * n_relu
+    with pytest.raises(ValueError, match="one of"):
+        size_chains(chains, lambda tasks: [1.0] * len(tasks), config, stream=stream)

@@ -1,0 +1,119 @@
+"""Long-lived judges fed one task at a time (`cudagym.eval.feed`): real judge processes on the CPU."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cudagym.eval import evaluate
+from cudagym.eval.feed import judge_feed
+from cudagym.synth.filter import FilterConfig
+from cudagym.tasks import Task
+
+
+def _task(name: str, forward: str, imports: str = "") -> Task:
+    code = f"""import torch
+import torch.nn as nn
+{imports}
+
+class Model(nn.Module):
+    def forward(self, x):
+        {forward}
+
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+    return Task(id=name, name=name, code=code, source="test")
+
+
+class Answers:
+    """What a feed answered, per task name, with when (seconds since t0)."""
+
+    def __init__(self):
+        self.t0, self.lock, self.got = time.monotonic(), threading.Lock(), {}
+
+    def __call__(self, task: Task):
+        def on_done(result: dict) -> None:
+            with self.lock:
+                self.got.setdefault(task.id, []).append((time.monotonic() - self.t0, result))
+        return on_done
+
+    def wait_for(self, names, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not all(n in self.got for n in names):
+            assert time.monotonic() < deadline, f"no answer for {set(names) - set(self.got)} in {timeout_s} s"
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_fed_judges_stay_up_between_tasks_answer_each_once_and_a_hung_task_ends_only_its_judge():
+    """Two judges: tasks submitted while the feed is open are answered while it stays open; judges idle
+    longer than a task's budget are not killed for it (the stall clock runs only while one holds a task),
+    and take later tasks without a new start; a task that hangs is its timeout at the budget, and a new
+    judge takes its judge's place for the rest."""
+    config = FilterConfig(device="cpu", task_timeout_s=300.0, probe_timeout_s=12.0, seed=1).probe_config()
+    first = [_task("a", "return x.tanh() * 2"), _task("b", "return x.sigmoid() + 1")]
+    hangs = _task("hangs", "return x", imports="import time\ntime.sleep(600)")  # hangs loading, outside the GPU lock
+    later = [_task("c", "return x.cos() + 1"), _task("d", "return x.exp() - 2"), _task("e", "return x * 3 + 1")]
+    answers = Answers()
+    with judge_feed(config, "filter-probe", 2) as feed:
+        for task in first:
+            feed.submit(task, answers(task))
+        answers.wait_for(["a", "b"], 120)  # answered with the feed still open
+        time.sleep(14)  # both judges idle for more than a task's budget
+        for task in [hangs, *later]:
+            feed.submit(task, answers(task))
+    assert time.monotonic() - answers.t0 < 200
+    assert sorted(answers.got) == ["a", "b", "c", "d", "e", "hangs"]
+    assert all(len(got) == 1 for got in answers.got.values())  # each answered once
+    (_, hung), = answers.got["hangs"]
+    assert hung["status"] == "timeout" and "finished nothing in 12 s" in hung["reason"], hung
+    results = [answers.got[name][0][1] for name in "abcde"]
+    assert all(r["stage"] == "done" and r["t_eager_ms"] > 0 for r in results), results
+    # at most three judges started (two, and one in place of the hung one): the idle ones served later tasks
+    assert sum("start_s" in r for r in results) <= 3 and any("release_s" in answers.got[n][0][1] for n in "cde")
+    assert not evaluate._LIVE_JUDGES
+
+
+def test_a_fed_judge_that_cannot_start_fails_each_task_once_instead_of_restarting_forever(monkeypatch):
+    """A judge that dies before taking any task: the driver runs the next task alone in its place, so
+    each task ends once, with the judge's failure, and the feed closes."""
+    monkeypatch.setattr("sys.executable", "/bin/false")
+    config = FilterConfig(device="cpu", seed=1).probe_config()
+    tasks = [_task(n, "return x + 1") for n in "abc"]
+    answers = Answers()
+    with judge_feed(config, "filter-probe", 2) as feed:
+        for task in tasks:
+            feed.submit(task, answers(task))
+    assert sorted(answers.got) == ["a", "b", "c"] and all(len(g) == 1 for g in answers.got.values())
+    assert all(g[0][1]["status"] == "runtime_error" and g[0][1].get("judge_error") for g in answers.got.values())
+
+
+@pytest.mark.slow
+def test_a_stopped_feed_kills_its_judges_at_once():
+    """Ctrl-C in the block: the judges go (a hung task included), the stop is raised, nothing is left running."""
+    config = FilterConfig(device="cpu", task_timeout_s=300.0, seed=1).probe_config()
+    hangs = _task("hangs", "return x", imports="import time\ntime.sleep(600)")
+    answers = Answers()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with judge_feed(config, "filter-probe", 2) as feed:
+            feed.submit(hangs, answers(hangs))
+            time.sleep(3)
+            raise KeyboardInterrupt
+    assert time.monotonic() - t0 < 40 and not evaluate._LIVE_JUDGES and "hangs" not in answers.got
+
+
+def test_a_closed_feed_takes_no_more_tasks(monkeypatch):
+    monkeypatch.setattr("sys.executable", "/bin/false")
+    with judge_feed(FilterConfig(device="cpu", seed=1).probe_config(), "filter-probe", 1) as feed:
+        pass
+    with pytest.raises(RuntimeError, match="closed"):
+        feed.submit(_task("late", "return x"), lambda result: None)
