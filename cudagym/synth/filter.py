@@ -124,6 +124,7 @@ class FilterResult:
     compile_s: float | None = None  # torch.compile's first call (CPU-heavy, GPU shared)
     timing_s: float | None = None  # the timing phase (GPU held alone)
     wait_s: float | None = None  # waiting for the GPU: its memory budget, the shared and the exclusive lock
+    admit_s: float | None = None  # the part of wait_s spent waiting for admission to the GPU's memory budget
     inputs_s: float | None = None  # building the model and its inputs
     checks_s: float | None = None  # the checks, the compile apart
     start_s: float | None = None  # its judge's start (interpreter, imports), on a judge's first task only
@@ -143,10 +144,10 @@ class FilterResult:
 
 # a judge's seconds: FilterResult's fields. task_s is each task's whole time in its judge (start apart):
 # what it has beyond the phases before it is time no phase names; release_s the judge's clean-up between tasks
-PHASES = ("start_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", "task_s", "release_s")
+PHASES = ("start_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
 # a scale-search probe's seconds (judge.probe_task): call_s, its untimed eager calls (one-off costs, or
 # a monster's whole answer), is where a probe wave's GPU time goes besides its timing
-PROBE_PHASES = ("start_s", "inputs_s", "call_s", "timing_s", "wait_s", "task_s", "release_s")
+PROBE_PHASES = ("start_s", "inputs_s", "call_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
 
 
 def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], stopped: bool = False,
@@ -266,7 +267,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
             # its compile is the real cost (pass 2's is a cache hit); waits, inputs and judge starts add up
             first, second = checked[task.sha256], measured
             measured = {**first, **second, "compile_s": first.get("compile_s") or second.get("compile_s"),
-                        **{k: first.get(k, 0.0) + second.get(k, 0.0) for k in ("wait_s", "inputs_s", "task_s", "release_s")}}
+                        **{k: first.get(k, 0.0) + second.get(k, 0.0) for k in ("wait_s", "admit_s", "inputs_s", "task_s", "release_s")}}
             starts = [m["start_s"] for m in (first, second) if m.get("start_s") is not None]
             measured.pop("start_s", None)
             if starts:

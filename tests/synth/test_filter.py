@@ -144,6 +144,8 @@ def test_two_passes_decide_as_one_and_time_only_what_passed_the_checks(filtered,
     good = results["good"]
     assert good.t_eager_ms > 0 and good.t_compile_ms > 0 and good.timing_s > 0 and good.compile_s > 0
     assert good.wait_s is not None and good.wait_s >= 0
+    # the memory budget's part of the wait, summed over both passes like the wait itself
+    assert good.admit_s is not None and 0 <= good.admit_s <= good.wait_s and "admit_s" in good.phases
     assert all(r.timing_s is None for r in results.values() if not r.keep)
 
 
