@@ -30,7 +30,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cudagym.synth.filter import PHASES  # noqa: E402
+from cudagym.synth.filter import MEMORY, PHASES  # noqa: E402
 from cudagym.synth.labels import OPS_6K_SOURCES  # noqa: E402
 
 PAPER_SOURCES = OPS_6K_SOURCES  # CUDA-Agent-Ops-6K's composition (6,000 tasks): data_source -> tasks
@@ -86,11 +86,15 @@ def judge_seconds(build: Path) -> dict:
         db.close()
     filter_s = {}
     recorded = dict.fromkeys(k for p in phases for k in p)
-    for name in [k for k in PHASES if k in recorded] + [k for k in recorded if k not in PHASES]:  # a judge's order
+    for name in [k for k in PHASES if k in recorded] + [k for k in recorded if k not in PHASES + MEMORY]:  # a judge's order
         values = [p[name] for p in phases if p.get(name) is not None]
         filter_s[name] = {"n": len(values), "sum": round(sum(values), 1), "median": round(statistics.median(values), 3)}
+    memory = {}  # GiB reserved and held at most, per decision that recorded it (since session 28): medians, not sums
+    for name in [k for k in MEMORY if k in recorded]:
+        values = sorted(p[name] for p in phases if p.get(name) is not None)
+        memory[name] = {"n": len(values), "median": round(statistics.median(values), 3), "max": round(values[-1], 3)}
     probes = [len(json.loads(p)) for _, p in sized]
-    return {"filter": filter_s, "scale_search": {"candidates": len(sized), "probes": sum(probes),
+    return {"filter": filter_s, "memory_gib": memory, "scale_search": {"candidates": len(sized), "probes": sum(probes),
                                                  "reasons": dict(Counter(r for r, _ in sized))}}
 
 
@@ -194,6 +198,9 @@ def markdown(r: dict) -> str:
               + "".join(f", {k} {v}" for k, v in sorted(search["reasons"].items())) + ".",
               "Filter judge seconds (sum / median over decisions): "
               + (", ".join(f"{k[:-2]} {v['sum']} / {v['median']}" for k, v in sec["filter"].items()) or "not recorded") + "."]
+    if sec.get("memory_gib"):  # reserved of the memory budget against held at most (GPU decisions since session 28)
+        lines.append("Filter GPU memory GiB (median / max over decisions): "
+                     + ", ".join(f"{k[:-4]} {v['median']} / {v['max']}" for k, v in sec["memory_gib"].items()) + ".")
     g, e, st = r["re_executed_on_gpu"], r["kept_eager_ms"], r["state"]
     ms = {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
     lines += ["", f"Kept eager ms: n {ms['n']}, min {ms['min']}, median {ms['median']}, max {ms['max']}.",

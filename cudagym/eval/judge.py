@@ -462,6 +462,7 @@ class Evaluation:
         self.init_seed = self.rng.getrandbits(63)
         self.model = None
         self._model64 = None
+        self.share_bytes: int | None = None  # this evaluation's share of the GPU memory budget, once reserved
 
     @contextlib.contextmanager
     def reservation(self):
@@ -486,6 +487,7 @@ class Evaluation:
         # GiB) waited 188 s behind two compile judges' 2-3 minute DenseNet compiles, and the three other
         # timing judges queued behind it, storing nothing for two minutes. Deferred, it is timed last.
         give_up = self.req.defer_memory_s if share > budget // 2 else None
+        self.share_bytes = share
         with memory_reservation(self.req.lock_path, share, budget, give_up_s=give_up,
                                 free_bytes=lambda: device_free_bytes(device), need_free_bytes=need_free):
             torch.cuda.set_device(device)
@@ -1163,14 +1165,17 @@ def evaluate(req: Request) -> dict:
         t0 = time.perf_counter()
         with ev.reservation():
             waited = time.perf_counter() - t0
+            if req.device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats(req.device)
             if req.mode == "filter-probe":
                 measured = probe_task(ev)
             else:
                 measured = measure_task(ev, timed=req.mode != "filter-check", checked=req.mode == "filter-time")
+            memory = task_memory(ev)
         # admit_s: the memory budget's part of the wait (the rest is the GPU lock's), told apart because the
         # two have different cures: on the H100 (session 28) check passes, which take no exclusive turn at
         # all, still waited 317-1,112 judge-seconds
-        return {**result, **measured, "wait_s": waited + measured.get("wait_s", 0.0), "admit_s": waited}
+        return {**result, **measured, **memory, "wait_s": waited + measured.get("wait_s", 0.0), "admit_s": waited}
     stack = contextlib.ExitStack()
     runner = RunnerProcess(req)  # starts importing torch (no CUDA context yet) while the reference loads
     ev = Evaluation(req)
@@ -1475,6 +1480,19 @@ def probe_task(ev: Evaluation) -> dict:
     except Exception as exc:  # the task's own failure (out of memory at this scale, a bad shape)
         out["error"] = f"{type(exc).__name__}: {exc}"[:400]
     return out
+
+
+def task_memory(ev: Evaluation) -> dict:
+    """What a filter task reserved of the GPU's memory budget (`share_gib`, footprint_bytes' estimate) and
+    the most its judge's allocator held while it ran (`peak_gib`; CUDA contexts apart, which the share
+    counts as CONTEXT_BYTES): the estimate admits judges, so an estimate far above the peak keeps judges
+    waiting for memory nobody uses. On the H100's 68 GiB budget the filter's checks, charged an
+    evaluation's 14x their inputs, reserved a median 11.6 GiB (session 28, from the build's candidates on
+    meta tensors): five such judges at once of sixteen. {} on the CPU."""
+    if not ev.req.device.startswith("cuda") or ev.share_bytes is None:
+        return {}
+    return {"share_gib": round(ev.share_bytes / 2**30, 3),
+            "peak_gib": round(torch.cuda.max_memory_allocated(ev.req.device) / 2**30, 3)}
 
 
 WARM_NICENESS = 10  # inherited by the compile workers of a warm judge

@@ -125,6 +125,8 @@ class FilterResult:
     timing_s: float | None = None  # the timing phase (GPU held alone)
     wait_s: float | None = None  # waiting for the GPU: its memory budget, the shared and the exclusive lock
     admit_s: float | None = None  # the part of wait_s spent waiting for admission to the GPU's memory budget
+    share_gib: float | None = None  # its share of the GPU's memory budget (judge.task_memory), GPU only
+    peak_gib: float | None = None  # the most its judge's allocator held
     inputs_s: float | None = None  # building the model and its inputs
     checks_s: float | None = None  # the checks, the compile apart
     start_s: float | None = None  # its judge's start (interpreter, imports), on a judge's first task only
@@ -135,7 +137,7 @@ class FilterResult:
     def phases(self) -> dict | None:
         """Where the judges' time went (the `PHASES` recorded), for the build's records: what a faster
         filter has to cut."""
-        return {k: round(getattr(self, k), 3) for k in PHASES if getattr(self, k) is not None} or None
+        return {k: round(getattr(self, k), 3) for k in PHASES + MEMORY if getattr(self, k) is not None} or None
 
     def to_dict(self) -> dict:
         return {"keep": self.keep, "reason": self.reason, "detail": self.detail, "t_eager_ms": self.t_eager_ms,
@@ -147,6 +149,8 @@ class FilterResult:
 PHASES = ("start_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
 # a scale-search probe's seconds (judge.probe_task): call_s, its untimed eager calls (one-off costs, or
 # a monster's whole answer), is where a probe wave's GPU time goes besides its timing
+# a judge's GPU memory (GiB), what it reserved and what it held at most: recorded with the phases, never summed
+MEMORY = ("share_gib", "peak_gib")
 PROBE_PHASES = ("start_s", "inputs_s", "call_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
 
 
@@ -162,13 +166,19 @@ def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], st
         values = sorted(m[key] for m in measured if isinstance(m.get(key), (int, float)))
         if values:
             parts.append(f"{key[:-2]} {sum(values):.0f} (median {values[len(values) // 2]:.2f})")
+    memory = [(m["share_gib"], m.get("peak_gib") or 0.0) for m in measured if isinstance(m.get("share_gib"), (int, float))]
+    held = ""
+    if memory:  # what the memory budget charged the tasks against what they held (GPU only)
+        shares, peaks = sorted(s for s, _ in memory), sorted(p for _, p in memory)
+        held = (f"; memory GiB reserved median {shares[len(shares) // 2]:.1f} (max {shares[-1]:.1f}), "
+                f"held median {peaks[len(peaks) // 2]:.1f} (max {peaks[-1]:.1f})")
     done = f"{len(measured)}" if n is None else f"{len(measured)} of {n}" if stopped else f"{n}"
     tail = ""
     if done_at:
         at = sorted(done_at)
         tail = f"; half done at {at[(len(at) - 1) // 2]:.0f} s, the last at {at[-1]:.0f} s"
     return (f"{what}: {done} in {seconds:.0f} s{', stopped' if stopped else ''}; "
-            f"judge seconds {', '.join(parts) or 'none reported'}{tail}")
+            f"judge seconds {', '.join(parts) or 'none reported'}{held}{tail}")
 
 
 @contextlib.contextmanager
@@ -193,7 +203,7 @@ def reported_pass(say: Callable[[str], None] | None, what: str, n: int | None, p
 
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
     """Keep or (drop, reason) from what the judge measured (`measure_task`'s dict, or a judge failure)."""
-    seconds = {k: measured.get(k) for k in PHASES}
+    seconds = {k: measured.get(k) for k in PHASES + MEMORY}
 
     def drop(reason: str, detail: object = "") -> FilterResult:
         return FilterResult(False, reason, str(detail)[:300], measured.get("t_eager_ms"), measured.get("t_compile_ms"),
@@ -267,7 +277,8 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
             # its compile is the real cost (pass 2's is a cache hit); waits, inputs and judge starts add up
             first, second = checked[task.sha256], measured
             measured = {**first, **second, "compile_s": first.get("compile_s") or second.get("compile_s"),
-                        **{k: first.get(k, 0.0) + second.get(k, 0.0) for k in ("wait_s", "admit_s", "inputs_s", "task_s", "release_s")}}
+                        **{k: first.get(k, 0.0) + second.get(k, 0.0) for k in ("wait_s", "admit_s", "inputs_s", "task_s", "release_s")},
+                        **{k: max(m.get(k) or 0.0 for m in (first, second)) for k in MEMORY if k in first or k in second}}
             starts = [m["start_s"] for m in (first, second) if m.get("start_s") is not None]
             measured.pop("start_s", None)
             if starts:

@@ -92,3 +92,20 @@ def test_report_of_a_call_that_published_nothing(tmp_path):
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["overall"]["published"] == 0 and report["state"]["packed_per_1000_rows"] is None
     assert "packed" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_gpu_memory_per_decision_is_reported_apart_from_the_judge_seconds(tmp_path):
+    """Decisions from a GPU (since session 28) carry what each task reserved of the memory budget and what
+    its judge held: the report gives their medians and maxima, never as judge seconds."""
+    from cudagym.synth.build import BuildStore
+    from cudagym.synth.filter import FilterResult
+
+    out = tmp_path / "build"
+    with BuildStore(out / "build.duckdb") as store:
+        for i, (share, peak) in enumerate([(11.6, 1.5), (4.2, 0.4), (30.0, 2.0)]):
+            store.add_filtered(f"sha{i}", FilterResult(True, "", t_eager_ms=2.0, wait_s=3.0, admit_s=2.5,
+                                                       share_gib=share, peak_gib=peak))
+    seconds = dataset_report.judge_seconds(out)
+    assert set(seconds["filter"]) == {"wait_s", "admit_s"} and seconds["filter"]["admit_s"]["sum"] == 7.5
+    assert seconds["memory_gib"] == {"share_gib": {"n": 3, "median": 11.6, "max": 30.0},
+                                     "peak_gib": {"n": 3, "median": 1.5, "max": 2.0}}

@@ -275,6 +275,13 @@ def test_a_pass_line_sums_the_judges_seconds_per_phase_over_the_tasks_that_repor
     # when the results came in: a pass whose tail is one slow judge says so
     assert pass_line("filter timing pass", 3, 40.0, measured, done_at=[30.2, 5.0, 39.6]).endswith(
         "wait 4 (median 3.00); half done at 30 s, the last at 40 s")
+    # on a GPU: what the memory budget reserved for the tasks against what their judges held at most
+    on_gpu = [dict(m, share_gib=share, peak_gib=peak) for m, share, peak in zip(measured, (11.6, 4.2, 30.0), (1.5, 0.4, 2.0))]
+    assert pass_line("filter check pass", 3, 12.4, on_gpu).endswith(
+        "wait 4 (median 3.00); memory GiB reserved median 11.6 (max 30.0), held median 1.5 (max 2.0)")
+    # a decision keeps them beside its seconds (the build's stored phases), and a two-pass task its larger pass's
+    kept = decide({**DONE, "wait_s": 2.0, "admit_s": 1.5, "share_gib": 11.6, "peak_gib": 1.5}, GPU_WINDOW_MS)
+    assert kept.phases == {"wait_s": 2.0, "admit_s": 1.5, "share_gib": 11.6, "peak_gib": 1.5}
 
 
 def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_rerun(tmp_path, monkeypatch):
