@@ -118,6 +118,8 @@ class JudgeFeed:
                                         timeout_s=FEED_LIFETIME_S, busy=lambda: bool(self._held_by(token)))
             except Interrupted:
                 return
+            except Exception as e:  # noqa: BLE001 - not started (no workdir, no process): as a judge that died at once
+                ended = {"status": "runtime_error", "judge_error": True, "reason": f"judge not started: {e}"[:300]}
             orphans = self._held_by(token)  # claimed, never answered: the task it hung on or died with
             failure = ({"status": "timeout", "reason": ended["reason"]} if ended.get("stalled")
                        else {k: v for k, v in ended.items() if k != "results"})
@@ -160,7 +162,13 @@ class JudgeFeed:
                 if self.closed:
                     return False
                 self.cond.wait(timeout=1.0)
-        self._answer(key, run_reference_job(task, self.mode, self.config), rerun=False)
+        try:
+            result = run_reference_job(task, self.mode, self.config)
+        except Interrupted:
+            return False
+        except Exception as e:  # noqa: BLE001 - the task's result, so that close() never waits for it
+            result = {"status": "runtime_error", "judge_error": True, "reason": f"judge not started: {e}"[:300]}
+        self._answer(key, result, rerun=False)
         return True
 
     def _answer(self, key: str, result: dict, rerun: bool = True) -> None:

@@ -117,3 +117,19 @@ def test_a_closed_feed_takes_no_more_tasks(monkeypatch):
         pass
     with pytest.raises(RuntimeError, match="closed"):
         feed.submit(_task("late", "return x"), lambda result: None)
+
+
+def test_a_judge_that_cannot_even_be_set_up_answers_each_task_and_the_feed_still_closes(monkeypatch):
+    """No temporary folder for a judge's workdir (a full or missing /tmp): no judge process at all. Each task
+    is answered with why, once, and close() does not wait for answers that would never come."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/cudagym-test")
+    config = FilterConfig(device="cpu", seed=1).probe_config()
+    tasks = [_task(n, "return x + 1") for n in "ab"]
+    answers = Answers()
+    with judge_feed(config, "filter-probe", 2) as feed:
+        for task in tasks:
+            feed.submit(task, answers(task))
+    assert sorted(answers.got) == ["a", "b"] and all(len(g) == 1 for g in answers.got.values())
+    assert all("judge not started" in g[0][1]["reason"] for g in answers.got.values())
