@@ -52,6 +52,17 @@ class Answers:
             time.sleep(0.2)
 
 
+def _each_answered_once(names: str) -> list[dict]:
+    """Tasks named by the letters of `names` through a feed of two judges that cannot run them: each answered
+    once, and the feed closed; their results."""
+    answers = Answers()
+    with judge_feed(FilterConfig(device="cpu", seed=1).probe_config(), "filter-probe", 2) as feed:
+        for task in [_task(n, "return x + 1") for n in names]:
+            feed.submit(task, answers(task))
+    assert sorted(answers.got) == list(names) and all(len(g) == 1 for g in answers.got.values())
+    return [answers.got[n][0][1] for n in names]
+
+
 @pytest.mark.slow
 def test_fed_judges_stay_up_between_tasks_answer_each_once_and_a_hung_task_ends_only_its_judge():
     """Two judges: tasks submitted while the feed is open are answered while it stays open; judges idle
@@ -86,14 +97,8 @@ def test_a_fed_judge_that_cannot_start_fails_each_task_once_instead_of_restartin
     """A judge that dies before taking any task: the driver runs the next task alone in its place, so
     each task ends once, with the judge's failure, and the feed closes."""
     monkeypatch.setattr("sys.executable", "/bin/false")
-    config = FilterConfig(device="cpu", seed=1).probe_config()
-    tasks = [_task(n, "return x + 1") for n in "abc"]
-    answers = Answers()
-    with judge_feed(config, "filter-probe", 2) as feed:
-        for task in tasks:
-            feed.submit(task, answers(task))
-    assert sorted(answers.got) == ["a", "b", "c"] and all(len(g) == 1 for g in answers.got.values())
-    assert all(g[0][1]["status"] == "runtime_error" and g[0][1].get("judge_error") for g in answers.got.values())
+    results = _each_answered_once("abc")
+    assert all(r["status"] == "runtime_error" and r.get("judge_error") for r in results)
 
 
 @pytest.mark.slow
@@ -125,11 +130,4 @@ def test_a_judge_that_cannot_even_be_set_up_answers_each_task_and_the_feed_still
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/cudagym-test")
-    config = FilterConfig(device="cpu", seed=1).probe_config()
-    tasks = [_task(n, "return x + 1") for n in "ab"]
-    answers = Answers()
-    with judge_feed(config, "filter-probe", 2) as feed:
-        for task in tasks:
-            feed.submit(task, answers(task))
-    assert sorted(answers.got) == ["a", "b"] and all(len(g) == 1 for g in answers.got.values())
-    assert all("judge not started" in g[0][1]["reason"] for g in answers.got.values())
+    assert all("judge not started" in r["reason"] for r in _each_answered_once("ab"))
