@@ -109,3 +109,36 @@ def test_gpu_memory_per_decision_is_reported_apart_from_the_judge_seconds(tmp_pa
     assert set(seconds["filter"]) == {"wait_s", "admit_s"} and seconds["filter"]["admit_s"]["sum"] == 7.5
     assert seconds["memory_gib"] == {"share_gib": {"n": 3, "median": 11.6, "max": 30.0},
                                      "peak_gib": {"n": 3, "median": 1.5, "max": 2.0}}
+
+
+def test_filter_footprints_charges_a_check_the_evaluations_share_and_counts_the_judges_that_fit(tmp_path, capsys):
+    """benchmarks/filter_footprints.py on a store of two filtered candidates (one round each), on meta tensors:
+    a 1 GiB input charged 14x plus the contexts; a missing store is one line and exit 1."""
+    from cudagym.synth.build import BuildStore
+    from cudagym.synth.filter import FilterResult
+    from cudagym.tasks import Task
+
+    spec = importlib.util.spec_from_file_location("filter_footprints", REPO / "benchmarks" / "filter_footprints.py")
+    footprints = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(footprints)
+
+    def task(n: int) -> Task:  # n float32 elements in, as many out
+        code = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                f"        return torch.tanh(x)\n\ndef get_inputs():\n    return [torch.randn({n})]\n\n"
+                "def get_init_inputs():\n    return []\n")
+        return Task(id=f"t{n}", name=f"t{n}", code=code, source="test")
+
+    big, small = task(2**28), task(2**20)  # 1 GiB and 4 MiB of input
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        for round_, t in enumerate((big, small)):
+            store.add_candidates([t], round_)
+            store.add_filtered(t.sha256, FilterResult(True, ""))
+    assert footprints.main([str(tmp_path / "build.duckdb"), "--gpu-mib", "81559"]) == 0
+    out = capsys.readouterr().out
+    assert "2 filtered candidates, rounds 0-1; budget 68 GiB" in out
+    # the big one: 14 x 1 GiB + 2 GiB; it keeps 2 x 1 + 4 x 1 GiB itself
+    assert "check share GiB: median 2.1" in out and "max 16.0" in out
+    assert "keeps (2 input sets, 4 output sets, weights) GiB: median 0.0" in out and "max 6.0" in out
+    assert "round 0: 1 tasks, check shares sum 16 GiB" in out
+    assert footprints.main([str(tmp_path / "nope.duckdb")]) == 1
+    assert "no such build store" in capsys.readouterr().err
