@@ -456,6 +456,14 @@ def queue_key(task: Task) -> str:
     return hashlib.sha256(task.id.encode()).hexdigest()[:32]
 
 
+def ended_task_result(judged: dict) -> dict:
+    """The result of the task a judge of several was on when it ended early (`_run_judge_once`'s failure
+    dict): a timeout if it stalled on that task, else how the judge ended, without the tasks it finished."""
+    if judged.get("stalled"):
+        return {"status": "timeout", "reason": judged["reason"]}
+    return {k: v for k, v in judged.items() if k != "results"}
+
+
 def run_queued_jobs(tasks: list[Task], mode: str, config: EvalConfig, queue: str,
                     on_result: Callable[[int, dict], None] | None = None) -> list[dict | None]:
     """One of the judges of a pass that share `tasks` as one queue (`gpulock.task_queue`): it runs the
@@ -490,8 +498,7 @@ def run_queued_jobs(tasks: list[Task], mode: str, config: EvalConfig, queue: str
         report(i, result)
     rest = after = len(done)  # the tasks this judge ended; where a new judge takes up the list
     if rest < len(tasks):  # it ended early: it hung, died, or its CUDA context broke
-        ended = ({"status": "timeout", "reason": judged["reason"]} if judged.get("stalled")
-                 else {k: v for k, v in judged.items() if k != "results"})
+        ended = ended_task_result(judged)
         if task_claimant(queue, keys[rest]) == token:  # it was on this task: that is the task's result
             report(rest, ended)
             rest = after = rest + 1
@@ -554,8 +561,7 @@ def run_reference_jobs(tasks: list[Task], mode: str, config: EvalConfig, compile
         # A compile-ahead judge walks a whole baseline run's queue: the problems after the one it ended on
         # go to one new judge, not one process each (hundreds of process starts, for compiles that a
         # timing judge would do anyway). The one it ended on is its result: nothing waits on a warm compile.
-        ended = ({"status": "timeout", "reason": judged["reason"]} if judged.get("stalled")
-                 else {k: v for k, v in judged.items() if k != "results"})
+        ended = ended_task_result(judged)
         report(len(done), ended)
         later = run_reference_jobs(tasks[len(done) + 1:], mode, config, compile_baseline,
                                    on_result=(lambda i, result: report(len(done) + 1 + i, result)) if on_result else None)

@@ -28,8 +28,9 @@ import threading
 import uuid
 from typing import Callable
 
-from cudagym.eval.evaluate import (EvalConfig, Interrupted, _run_judge_once, clear_stop, judges_lock_dir,
-                                   out_of_memory, reference_request, run_reference_job, stop_live_judges)
+from cudagym.eval.evaluate import (EvalConfig, Interrupted, _run_judge_once, clear_stop, ended_task_result,
+                                   judges_lock_dir, out_of_memory, reference_request, run_reference_job,
+                                   stop_live_judges)
 from cudagym.eval.gpulock import claim_task, task_claimant, task_queue
 from cudagym.tasks import Task
 
@@ -41,9 +42,14 @@ END_MARK = "end"  # in the feed folder: no item comes after those already writte
 DRAIN_S = 30.0  # stopped (Ctrl-C), how long to wait for the judges' threads
 
 
+def item_path(folder: str, n: int) -> str:
+    """Item n of a feed: the driver writes it (`write_item`), judges read it in order (`judge.fed_tasks`)."""
+    return os.path.join(folder, f"{n:08d}.json")
+
+
 def write_item(folder: str, n: int, entry: dict) -> None:
     """Item n of a feed, whole or not at all (a judge polling for it never reads half a file)."""
-    path = os.path.join(folder, f"{n:08d}.json")
+    path = item_path(folder, n)
     with open(path + ".tmp", "w") as f:
         json.dump(entry, f)
     os.replace(path + ".tmp", path)
@@ -119,10 +125,9 @@ class JudgeFeed:
             except Interrupted:
                 return
             except Exception as e:  # noqa: BLE001 - not started (no workdir, no process): as a judge that died at once
-                ended = {"status": "runtime_error", "judge_error": True, "reason": f"judge not started: {e}"[:300]}
+                ended = not_started(e)
             orphans = self._held_by(token)  # claimed, never answered: the task it hung on or died with
-            failure = ({"status": "timeout", "reason": ended["reason"]} if ended.get("stalled")
-                       else {k: v for k, v in ended.items() if k != "results"})
+            failure = ended_task_result(ended)
             for key in orphans:
                 self._answer(key, dict(failure))
             with self.cond:
@@ -133,21 +138,25 @@ class JudgeFeed:
                 if not self._run_alone():
                     return
 
-    def _held_by(self, token: str) -> list[str]:
-        """The pending tasks a judge (its token) has claimed. Every judge's driver asks each second: one
-        listing of the folder, and only claims not read before are opened."""
-        with self.cond:
-            keys = [key for key in self.pending if key not in self.alone]
+    def _claimants(self, keys: list[str]) -> dict[str, str | None]:
+        """Who claimed each of these tasks (None: nobody yet). Every judge's driver asks each second: one
+        listing of the folder, and only claims not read before are opened (a claim never changes)."""
         present = set(os.listdir(self.folder))
         for key in keys:
             if key not in self.claims and key in present:
                 claimant = task_claimant(self.folder, key)
                 if claimant is not None:
                     self.claims[key] = claimant
-        return [key for key in keys if self.claims.get(key) == token]
+        return {key: self.claims.get(key) for key in keys}
+
+    def _held_by(self, token: str) -> list[str]:
+        """The pending tasks a judge (its token) has claimed and holds (not those run again alone)."""
+        with self.cond:
+            keys = [key for key in self.pending if key not in self.alone]
+        return [key for key, claimant in self._claimants(keys).items() if claimant == token]
 
     def _unclaimed(self) -> list[str]:
-        return [key for key in self.pending if task_claimant(self.folder, key) is None]
+        return [key for key, claimant in self._claimants(list(self.pending)).items() if claimant is None]
 
     def _run_alone(self) -> bool:
         """The next unclaimed task, run alone in its own judge (the chunked path's answer to a dead judge);
@@ -162,12 +171,18 @@ class JudgeFeed:
                 if self.closed:
                     return False
                 self.cond.wait(timeout=1.0)
+        return self._answer_alone(key, task)
+
+    def _answer_alone(self, key: str, task: Task) -> bool:
+        """Run the task alone in its own judge (run_judge holds the GPU alone if it runs out of memory) and
+        answer it; False when stopped. A judge that cannot be set up is the task's answer, so that close()
+        never waits for it."""
         try:
             result = run_reference_job(task, self.mode, self.config)
         except Interrupted:
             return False
-        except Exception as e:  # noqa: BLE001 - the task's result, so that close() never waits for it
-            result = {"status": "runtime_error", "judge_error": True, "reason": f"judge not started: {e}"[:300]}
+        except Exception as e:  # noqa: BLE001
+            result = not_started(e)
         self._answer(key, result, rerun=False)
         return True
 
@@ -178,12 +193,10 @@ class JudgeFeed:
             return
         task, on_done = entry
         if rerun and self.config.device.startswith("cuda") and out_of_memory(result):
-            # beside other judges: again alone (run_judge holds the GPU alone if it runs out again), in a
-            # thread of its own so that this judge's other results keep coming
+            # beside other judges: again alone, in a thread of its own so that this judge's other results keep coming
             with self.cond:
                 self.alone.add(key)
-            threading.Thread(target=lambda: self._answer(key, run_reference_job(task, self.mode, self.config), False),
-                             daemon=True).start()
+            threading.Thread(target=self._answer_alone, args=(key, task), daemon=True).start()
             return
         try:
             on_done(result)
@@ -194,6 +207,11 @@ class JudgeFeed:
             self.alone.discard(key)
             self.claims.pop(key, None)
             self.cond.notify_all()
+
+
+def not_started(error: Exception) -> dict:
+    """A task's result when its judge could not even be set up (no workdir, no process)."""
+    return {"status": "runtime_error", "judge_error": True, "reason": f"judge not started: {error}"[:300]}
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ import torch
 
 from cudagym.eval import checks
 from cudagym.eval.evaluate import PHASE_FILE
+from cudagym.eval.feed import END_MARK, item_path
 from cudagym.eval.gpulock import (AdmissionDeferred, build_folder_lock, claim_task, compile_claim, device_lock_path,
                                   gpu_lock, memory_reservation, on_cpus)
 from cudagym.eval.guard import OpRecord, make_guard, short_name
@@ -1580,17 +1581,17 @@ FEED_POLL_S = 0.05  # how often an idle fed judge looks for the next item: a pro
 
 def fed_tasks(req: Request):
     """The tasks of a feed (cudagym.eval.feed) that this judge claims, as the driver adds them: item n is
-    `<feed>/<n>.json` ({"key", "code"}, written whole by a rename), taken in order; the feed ends when every
+    `feed.item_path` ({"key", "code"}, written whole by a rename), taken in order; the feed ends when every
     item is seen and the driver's `end` mark is there. (code, {"feed_key": key}, False): a fed judge never
     knows a task to be its last."""
     n = 0
     while True:
-        item = os.path.join(req.feed, f"{n:08d}.json")
+        item = item_path(req.feed, n)
         try:
             with open(item) as f:
                 entry = json.load(f)
         except FileNotFoundError:
-            if os.path.exists(os.path.join(req.feed, "end")) and not os.path.exists(item):
+            if os.path.exists(os.path.join(req.feed, END_MARK)) and not os.path.exists(item):
                 return
             time.sleep(FEED_POLL_S)
             continue

@@ -50,6 +50,7 @@ STAGES = ("crawl", "compose", "dedup", "decontaminate", "filter", "label", "publ
 
 PROBE_MODES = ("streamed", "waves")  # BuildConfig.probes
 
+
 @dataclass(frozen=True)
 class BuildConfig:
     out: str
