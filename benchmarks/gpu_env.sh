@@ -13,10 +13,12 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee -a "$OUT/env.txt"
 # sample_load FILE [SECONDS]: load average, GPU utilisation and memory every SECONDS (15) into FILE, in the
-# background (its pid in $!), each line stamped with the clock time and the seconds since the call.
+# background (its pid in $!), each line stamped with the clock time and the seconds since the call; then
+# the MiB each process holds on the GPU (its context and its allocator's cache: what the memory budget's
+# shares must cover), smallest first.
 sample_load() {
   local file=$1 every=${2:-15} t0; t0=$(date +%s)
   (while sleep "$every"; do
-     echo "$(date +%T) +$(( $(date +%s) - t0 ))s load $(cut -d' ' -f1-3 /proc/loadavg) gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | paste -sd';')"
+     echo "$(date +%T) +$(( $(date +%s) - t0 ))s load $(cut -d' ' -f1-3 /proc/loadavg) gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | paste -sd';') procs MiB $(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits | sort -n | paste -sd' ')"
    done) > "$file" 2>&1 &
 }

@@ -273,21 +273,53 @@ def footprint_bytes(ref: types.ModuleType, init_args: list, mode: str = "eval") 
     """What one judge may hold on the GPU. An evaluation, judge and runner together: input sets for
     checks, widened checks, float64 checks and timing, their outputs, weights, and two CUDA contexts.
     A baseline's judge holds two to four timing sets, their eager outputs and the compiled model's;
-    a compile-only (`warm`) judge or a scale-search probe one set and a call's outputs. Charged the
-    evaluation's 14x the inputs, v0.1's multi-GB L1 problems were admitted two at a time at most; a
-    cold baseline run on the H200 stood almost still for two minutes while they were under way."""
+    a compile-only (`warm`) judge one set and a call's outputs. Charged the evaluation's 14x the inputs,
+    v0.1's multi-GB L1 problems were admitted two at a time at most; a cold baseline run on the H200
+    stood almost still for two minutes while they were under way. The dataset filter's judges run the
+    reference alone, so theirs is counted from what its forward allocates (`filter_footprint_bytes`)."""
     try:
         with torch.device("meta"):
-            weights = nbytes(list(ref.Model(*init_args).parameters()))
-        inputs = nbytes(make_inputs(ref, 0, "meta"))
+            model = ref.Model(*init_args)
+            weights = nbytes(list(model.parameters()) + list(model.buffers()))
+        inputs = make_inputs(ref, 0, "meta")
     except Exception:
         return 8 * 2**30
+    if mode in FILTER_SETS:
+        traced = filter_footprint_bytes(model, inputs, weights, mode)
+        if traced is not None:
+            return traced
     input_factor, weight_factor = FOOTPRINT_FACTORS.get(mode, FOOTPRINT_FACTORS["eval"])
-    return input_factor * inputs + weight_factor * weights + CONTEXT_BYTES
+    return input_factor * nbytes(inputs) + weight_factor * weights + CONTEXT_BYTES
 
 
 # (times the inputs, times the weights) a judge of each mode may hold; other modes as an evaluation
 FOOTPRINT_FACTORS = {"eval": (14, 4), "baseline": (8, 2), "warm": (4, 2), "filter-probe": (4, 2)}
+
+# The dataset filter's modes: (input sets, output sets) a judge holds besides the weights and one forward's
+# own allocations. Checks and timing (`_measure_task`): sets a and b, the reference's outputs for a and for
+# b, a rerun's or the compiled model's, and a comparison's difference. A probe (`probe_task`): one set and
+# the outputs of the call before the one being timed.
+FILTER_SETS = {"filter": (2, 4), "filter-check": (2, 4), "filter-time": (2, 4), "filter-probe": (1, 2)}
+# Over what the meta forward counts: the caching allocator's rounding and cached blocks, the timer's
+# L2 flush buffer (128-256 MiB), a library's workspace (cuDNN, cuBLAS) that meta tensors do not show.
+# A judge that still runs out of memory beside others runs again alone (`Request.exclusive`).
+FILTER_MARGIN = 1.25
+
+
+def filter_footprint_bytes(model, inputs: list, weights: int, mode: str) -> int | None:
+    """A dataset filter judge's footprint from one eager forward on meta tensors (`footprint.forward_bytes`:
+    the outputs, and the most its allocations hold at once): weights, its input and output sets, that peak,
+    FILTER_MARGIN over all, and the CUDA contexts. None where the forward does not run on meta tensors
+    (a data-dependent op): the caller charges its factors."""
+    from cudagym.eval.footprint import forward_bytes
+
+    try:
+        outputs, peak = forward_bytes(model, inputs)
+    except Exception:
+        return None
+    n_inputs, n_outputs = FILTER_SETS[mode]
+    held = weights + n_inputs * nbytes(inputs) + n_outputs * outputs + peak
+    return int(FILTER_MARGIN * held) + CONTEXT_BYTES
 
 
 CONTEXT_BYTES = 2 * 2**30  # a judge's and its runner's CUDA contexts, handles and warm-up
