@@ -13,8 +13,9 @@ where the build ran on a GPU, the most each task's judge allocated there (`peak_
     python benchmarks/filter_footprints.py BUILD/build.duckdb [--since-round R] [--gpu-mib 81559]
 
 Session 28 (the H100's 81,559 MiB, rounds 14-18 of the 1,031-row build): checks charged a median 11.6 GiB
-at an evaluation's factors (five judges of sixteen at once), 6.5 GiB from their forwards (ten), and kept
-alive a median 2.3 GiB. benchmarks/NOTES.md has the rest.
+at an evaluation's factors (five judges of sixteen at once), 6.8 GiB from their forwards (nine), and kept
+alive a median 2.3 GiB. Session 29 (rounds 19-21, run on the H100): the peaks measured there were a median
+4.8 GiB, and 5 of 94 above their share less the context. benchmarks/NOTES.md has the rest.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import duckdb  # noqa: E402
 import torch  # noqa: E402
 
-from cudagym.eval.judge import CONTEXT_BYTES, footprint_bytes, load_reference, make_inputs, nbytes  # noqa: E402
+from cudagym.eval.judge import FILTER_CONTEXT_BYTES, footprint_bytes, load_reference, make_inputs, nbytes  # noqa: E402
 
 GIB = 2**30
 
@@ -98,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
           f"judges at once at the median: {int(budget // statistics.median(m['probe'] for m in found))} of {args.judges}")
     print(f"a check judge keeps (2 input sets, 4 output sets, weights) GiB: {quantiles([m['kept'] / GIB for m in found])}")
     peaks = [m for m in found if isinstance(m["peak"], (int, float)) and m["peak"] > 0]
-    if peaks:  # the share counts CONTEXT_BYTES for the contexts, which the allocator's peak leaves out
-        over = [m for m in peaks if m["peak"] * GIB > m["check"] - CONTEXT_BYTES]
+    if peaks:  # the share counts FILTER_CONTEXT_BYTES for the context, which the allocator's peak leaves out
+        over = [m for m in peaks if m["peak"] * GIB > m["check"] - FILTER_CONTEXT_BYTES]
         print(f"measured on the GPU, {len(peaks)} tasks: peak GiB {quantiles([m['peak'] for m in peaks])}; "
-              f"check share less contexts over peak: {quantiles([(m['check'] - CONTEXT_BYTES) / GIB / m['peak'] for m in peaks])}; "
+              f"check share less contexts over peak: {quantiles([(m['check'] - FILTER_CONTEXT_BYTES) / GIB / m['peak'] for m in peaks])}; "
               f"peak above it: {len(over)}")
     ratios = [m["out_per_in"] for m in found if m["out_per_in"] is not None]
     print(f"outputs per input byte: {quantiles(ratios)}")

@@ -3,8 +3,8 @@
 import torch
 
 from cudagym.eval.footprint import forward_bytes
-from cudagym.eval.judge import (CONTEXT_BYTES, FILTER_MARGIN, FOOTPRINT_FACTORS, footprint_bytes, load_reference,
-                                nbytes)
+from cudagym.eval.judge import (CONTEXT_BYTES, FILTER_CONTEXT_BYTES, FILTER_FIXED_BYTES, FILTER_MARGIN,
+                                FOOTPRINT_FACTORS, footprint_bytes, load_reference, nbytes)
 
 MIB = 2**20
 
@@ -67,23 +67,23 @@ def test_attention_with_distinct_key_and_value_is_traced():
 class Widen(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.up = torch.nn.Linear(256, 16384)
+        self.up = torch.nn.Linear(256, 65536)
 
     def forward(self, x):
         return torch.nn.functional.gelu(self.up(x)).mean(-1)
 
 
 def test_a_widening_forward_is_charged_more_than_factors_of_its_inputs():
-    # 4 MiB of inputs: an evaluation's 14x says 56 MiB; the forward holds two 256 MiB activations at once
+    # 4 MiB of inputs: an evaluation's 14x says 56 MiB; the forward holds two 1 GiB activations at once
     with torch.device("meta"):
         model = Widen()
     outputs, peak = forward_bytes(model, [meta(4096, 256)])
-    assert peak == 2 * 4096 * 16384 * 4
+    assert peak == 2 * 4096 * 65536 * 4
     code = WIDEN_REF
     ref = load_reference(code)
-    weights, inputs = (256 * 16384 + 16384) * 4, 4096 * 256 * 4
-    held = weights + 2 * inputs + 4 * outputs + peak
-    assert footprint_bytes(ref, [], "filter-check") == int(FILTER_MARGIN * held) + CONTEXT_BYTES
+    weights, inputs = (256 * 65536 + 65536) * 4, 4096 * 256 * 4
+    held = weights + 3 * inputs + 4 * outputs + peak + FILTER_FIXED_BYTES  # a, b and a reference call's copy
+    assert footprint_bytes(ref, [], "filter-check") == int(FILTER_MARGIN * held) + FILTER_CONTEXT_BYTES
     assert footprint_bytes(ref, [], "filter-check") > footprint_bytes(ref, [], "eval")
     assert footprint_bytes(ref, [], "filter-probe") < footprint_bytes(ref, [], "filter-check")
 
@@ -107,7 +107,7 @@ import torch
 class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.up = torch.nn.Linear(256, 16384)
+        self.up = torch.nn.Linear(256, 65536)
 
     def forward(self, x):
         return torch.nn.functional.gelu(self.up(x)).mean(-1)

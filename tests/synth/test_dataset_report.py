@@ -113,7 +113,8 @@ def test_gpu_memory_per_decision_is_reported_apart_from_the_judge_seconds(tmp_pa
 
 def test_filter_footprints_charges_a_check_its_forward_and_counts_the_judges_that_fit(tmp_path, capsys):
     """benchmarks/filter_footprints.py on a store of two filtered candidates (one round each), on meta tensors:
-    a 1 GiB tanh charged its sets and its forward, 1.25x, plus the contexts (an evaluation's factors: 14x);
+    a 1 GiB tanh charged its sets, its forward and the fixed costs, 1.25x, plus its context (an evaluation's
+    factors: 14x);
     the peaks the GPU measured against those shares; a missing store is one line and exit 1."""
     from cudagym.synth.build import BuildStore
     from cudagym.synth.filter import FilterResult
@@ -131,19 +132,19 @@ def test_filter_footprints_charges_a_check_its_forward_and_counts_the_judges_tha
 
     big, small = task(2**28), task(2**20)  # 1 GiB and 4 MiB of input
     with BuildStore(tmp_path / "build.duckdb") as store:
-        for round_, (t, peak) in enumerate(((big, 7.0), (small, 0.1))):
+        for round_, (t, peak) in enumerate(((big, 7.0), (small, 0.5))):
             store.add_candidates([t], round_)
             store.add_filtered(t.sha256, FilterResult(True, "", share_gib=1.0, peak_gib=peak))
     assert footprints.main([str(tmp_path / "build.duckdb"), "--gpu-mib", "81559"]) == 0
     out = capsys.readouterr().out
     assert "2 filtered candidates, rounds 0-1; budget 68 GiB" in out
-    # the big one: 1.25 x (2 input sets + 4 output sets + its forward's 1 GiB) + 2 GiB; at an evaluation's factors
-    # 14 x 1 GiB + 2 GiB
-    assert "check share GiB: median 2.0" in out and "max 10.8" in out
+    # the big one: 1.25 x (3 input sets + 4 output sets + its forward's 1 GiB + 0.25 GiB fixed) + 1 GiB of context;
+    # at an evaluation's factors 14 x 1 GiB + 2 GiB; the small one 1.25 x (8 x 4 MiB + 0.25 GiB) + 1 GiB
+    assert "check share GiB: median 1.4" in out and "max 11.3" in out
     assert "factors (before session 29): median 2.1" in out and "max 16.0" in out
-    # its 8.75 GiB less contexts over a 7 GiB peak; the small one's 35 MiB under its 0.1 GiB
-    assert "measured on the GPU, 2 tasks" in out and "max 1.2" in out and "peak above it: 1" in out
+    # its 10.3 GiB less the context over a 7 GiB peak; the small one's 0.35 GiB under its 0.5 GiB
+    assert "measured on the GPU, 2 tasks" in out and "max 1.5" in out and "peak above it: 1" in out
     assert "keeps (2 input sets, 4 output sets, weights) GiB: median 0.0" in out and "max 6.0" in out
-    assert "round 0: 1 tasks, check shares sum 11 GiB" in out
+    assert "round 0: 1 tasks, check shares sum 11 GiB" in out  # 11.3
     assert footprints.main([str(tmp_path / "nope.duckdb")]) == 1
     assert "no such build store" in capsys.readouterr().err
