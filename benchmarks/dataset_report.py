@@ -14,7 +14,9 @@ and DIR/report.json over all calls so far:
   and the eager times and scales of the kept candidates against all filtered (the scale sizing);
 - re-execution: published rows that ran eager and under torch.compile on a GPU (filter_device not
   cpu, both times present);
-- the state that must travel to resume: build.duckdb's size, per 1,000 published rows.
+- the state that must travel to resume: build.duckdb's size, per 1,000 published rows;
+- the last rounds' timeline, from the store's own timestamps (`round_timeline`): how long each round sized
+  its candidates, how long it filtered them, and the gap before it, one stage after another.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cudagym.synth.filter import MEMORY, PHASES  # noqa: E402
+from cudagym.synth.filter import MEMORY, PHASES, FilterConfig  # noqa: E402
 from cudagym.synth.labels import OPS_6K_SOURCES  # noqa: E402
 
 PAPER_SOURCES = OPS_6K_SOURCES  # CUDA-Agent-Ops-6K's composition (6,000 tasks): data_source -> tasks
@@ -98,6 +100,46 @@ def judge_seconds(build: Path) -> dict:
                                                  "reasons": dict(Counter(r for r, _ in sized))}}
 
 
+ROUNDS_SHOWN = 8
+CALL_GAP_S = 600.0  # a gap longer than this lies between device calls, not within a build's run
+
+
+def round_timeline(build: Path, last: int = ROUNDS_SHOWN) -> list[dict]:
+    """The last rounds' stages in time, from what the store writes as it goes: a round's sized candidates are
+    stored as each scale search ends (`sized`, keyed by the composed chain, so told to a round by time: those
+    after the round before's candidates), its candidates all at once when its search is done, and each
+    filter decision as it comes. Per round: `size_s` (its first sized chain to its candidates stored: the
+    probe pass less its start), `filter_s` (its candidates stored to its last decision: checks and timing),
+    `gap_s` (the round before's last decision to this round's first sized chain: composing, the probe
+    judges' start; None across calls) and `kept`; a round whose decisions two calls made has no filter_s."""
+    db = duckdb.connect(str(build / "build.duckdb"), read_only=True)
+    try:
+        rounds = db.execute(
+            "SELECT c.round, min(c.created), count(*), max(f.created), count(f.sha256), count(*) FILTER (WHERE f.keep) "
+            "FROM candidates c LEFT JOIN filtered f USING (sha256) GROUP BY c.round ORDER BY c.round").fetchall()
+        sized = [t for (t,) in db.execute("SELECT created FROM sized ORDER BY created").fetchall()]
+        decisions = db.execute("SELECT c.round, f.created FROM filtered f JOIN candidates c USING (sha256) "
+                               "ORDER BY c.round, f.created").fetchall()
+    finally:
+        db.close()
+    spans_calls = set()  # rounds whose decisions lie in two calls: their filter time says nothing
+    for (r1, t1), (r2, t2) in zip(decisions, decisions[1:]):
+        if r1 == r2 and (t2 - t1).total_seconds() > FilterConfig().task_timeout_s:  # no task holds a judge longer
+            spans_calls.add(r1)
+    out, before = [], None  # before: the previous round's (candidates stored, last decision)
+    for round_, stored, n, last_decision, filtered, kept in rounds:
+        since = before[0] if before else None
+        first_sized = next((t for t in sized if (since is None or t > since) and t <= stored), None)
+        gap = (first_sized - before[1]).total_seconds() if before and before[1] and first_sized else None
+        out.append({"round": round_, "candidates": n, "filtered": filtered, "kept": kept,
+                    "size_s": round((stored - first_sized).total_seconds(), 1) if first_sized else None,
+                    "filter_s": round((last_decision - stored).total_seconds(), 1)
+                    if last_decision and round_ not in spans_calls else None,
+                    "gap_s": round(gap, 1) if gap is not None and 0 <= gap <= CALL_GAP_S else None})
+        before = (stored, last_decision)
+    return out[-last:]
+
+
 def record_call(build: Path, wall_s: float, gpus: int, setup: str = "") -> list[dict]:
     """Append this call's deltas to BUILD/calls.jsonl (with `setup`: what this call ran, for an A/B); all calls so far."""
     log = build / "calls.jsonl"
@@ -117,6 +159,10 @@ def per_call(call: dict) -> dict:
     return {"call": call["call"], "wall_s": call["wall_s"], "gpus": call["gpus"], "setup": call.get("setup") or "", **d,
             "kept_per_gpu_min": round(d["kept"] / gpu_min, 1) if gpu_min else None,
             "yield": round(d["kept"] / d["filtered"], 4) if d["filtered"] else None}
+
+
+def _or_dash(value) -> str:
+    return "–" if value is None else str(value)
 
 
 def _pct(n: float, total: float) -> str:
@@ -157,6 +203,7 @@ def report(build: Path, calls: list[dict], packed: Path | None = None) -> dict:
                           statistics.median(kept_ms) if kept_ms else None, "max": max(kept_ms, default=None)},
         "by_scale": {k: dict(v) for k, v in sorted(by_scale.items())},
         "judge_seconds": judge_seconds(build),
+        "rounds": round_timeline(build),
         # what travels between calls; per 1,000 rows only means something beyond DuckDB's fixed blocks (MBs)
         "state": {"build_duckdb_bytes": size, **({"packed_bytes": packed.stat().st_size,
                   "packed_per_1000_rows": round(packed.stat().st_size / len(rows) * 1000) if rows else None}
@@ -201,6 +248,11 @@ def markdown(r: dict) -> str:
     if sec.get("memory_gib"):  # reserved of the memory budget against held at most (GPU decisions since session 28)
         lines.append("Filter GPU memory GiB (median / max over decisions): "
                      + ", ".join(f"{k[:-4]} {v['median']} / {v['max']}" for k, v in sec["memory_gib"].items()) + ".")
+    if r.get("rounds"):  # one stage after another: sizing, then filtering, then the next round's composing
+        lines += ["", "## Last rounds (the store's timestamps)", "",
+                  "| round | candidates | filtered | kept | gap before s | sizing s | filter s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {t['round']} | {t['candidates']} | {t['filtered']} | {t['kept']} | {_or_dash(t['gap_s'])} | "
+                  f"{_or_dash(t['size_s'])} | {_or_dash(t['filter_s'])} |" for t in r["rounds"]]
     g, e, st = r["re_executed_on_gpu"], r["kept_eager_ms"], r["state"]
     ms = {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
     lines += ["", f"Kept eager ms: n {ms['n']}, min {ms['min']}, median {ms['median']}, max {ms['max']}.",

@@ -75,6 +75,11 @@ def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path
     assert first["setup"] == "" and second["setup"] == "one pass; lock writers-first"  # what each call of an A/B ran
     assert "| 2 | one pass; lock writers-first | 30.0 |" in md and "| 1 | – | 60.0 |" in md
     assert f"| all | | 90.0 |" in md and "| torch#2 |" in md and "0 of 5 published rows" in md
+    # the rounds in time: every decision of the last rounds counted, no sizing without --scale search
+    assert [t["round"] for t in report["rounds"]] == sorted(set(range(len(round_sizes))))[-len(report["rounds"]):]
+    assert sum(t["filtered"] for t in report["rounds"]) <= filtered and all(t["size_s"] is None for t in report["rounds"])
+    assert all(t["filter_s"] is not None and t["filter_s"] >= 0 for t in report["rounds"] if t["filtered"])
+    assert "## Last rounds (the store's timestamps)" in md
 
 
 def test_report_of_a_call_that_published_nothing(tmp_path):
@@ -148,3 +153,41 @@ def test_filter_footprints_charges_a_check_its_forward_and_counts_the_judges_tha
     assert "round 0: 1 tasks, check shares sum 11 GiB" in out  # 11.3
     assert footprints.main([str(tmp_path / "nope.duckdb")]) == 1
     assert "no such build store" in capsys.readouterr().err
+
+
+def test_round_timeline_from_the_stores_timestamps(tmp_path):
+    """Each round's sizing (its first sized chain to its candidates stored), filtering (to its last decision)
+    and the gap before it, from the times the store wrote them; a round filtered in two calls has no filter
+    time, and a gap across calls is none."""
+    from datetime import datetime, timedelta
+
+    from cudagym.synth.build import BuildStore
+    from cudagym.synth.filter import FilterResult
+    from cudagym.tasks import Task
+
+    t0 = datetime(2026, 12, 6, 21, 0, 0)
+    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
+    rounds = {  # round: (sized chains at, candidates stored at, decisions at (the first kept))
+        0: ([0, 10], 40, [50, 100]),
+        1: ([120, 130], 150, [160, 900]),  # its second decision 740 s after its first: another call's
+        2: ([2000], 2030, [2040]),  # 1,100 s after round 1's last decision: another call
+    }
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        for round_, (sized_at, stored_at, decided_at) in rounds.items():
+            for i, s in enumerate(sized_at):
+                store.db.execute("INSERT INTO sized (sha256, reason, created) VALUES (?, 'in_window', ?)",
+                                 [f"chain{round_}-{i}", at(s)])
+            tasks = [Task(id=f"r{round_}t{i}", name="t", code=f"# round {round_} task {i}\n", source="test")
+                     for i in range(len(decided_at))]
+            store.add_candidates(tasks, round_)
+            for i, (task, s) in enumerate(zip(tasks, decided_at)):
+                store.add_filtered(task.sha256, FilterResult(i == 0, "" if i == 0 else "degenerate_constant"))
+                store.db.execute("UPDATE filtered SET created = ? WHERE sha256 = ?", [at(s), task.sha256])
+            store.db.execute("UPDATE candidates SET created = ? WHERE round = ?", [at(stored_at), round_])
+    timeline = dataset_report.round_timeline(tmp_path)
+    assert timeline == [
+        {"round": 0, "candidates": 2, "filtered": 2, "kept": 1, "size_s": 40.0, "filter_s": 60.0, "gap_s": None},
+        {"round": 1, "candidates": 2, "filtered": 2, "kept": 1, "size_s": 30.0, "filter_s": None, "gap_s": 20.0},
+        {"round": 2, "candidates": 1, "filtered": 1, "kept": 1, "size_s": 30.0, "filter_s": 10.0, "gap_s": None},
+    ]
+    assert dataset_report.round_timeline(tmp_path, last=1) == timeline[-1:]
