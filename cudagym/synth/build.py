@@ -196,6 +196,9 @@ class BuildStore:
         self.db = connect(path, "build store", option="--out")
         for statement in _SCHEMA:
             self.db.execute(statement)
+        # dedup's per-candidate work (`dedup.near.NearCache`), kept while this store is open: every round
+        # dedups all the stored candidates again, and only the new ones need it
+        self.near_cache = None
 
     def close(self) -> None:
         self.db.close()
@@ -409,11 +412,12 @@ def _say(line: str) -> None:
 
 def dedup_stage(store: BuildStore) -> tuple[set[int], dict]:
     """(seqs of the kept candidates, funnel entry). The earliest candidate of each cluster is kept."""
-    from cudagym.dedup.near import find_duplicates
+    from cudagym.dedup.near import NearCache, find_duplicates
 
     candidates = store.candidates()
     by_seq = [dataclasses.replace(task, id=f"{seq:09d}") for seq, task in candidates]
-    dropped = find_duplicates(by_seq)
+    store.near_cache = store.near_cache or NearCache()
+    dropped = find_duplicates(by_seq, cache=store.near_cache)
     kept = {seq for seq, _ in candidates if f"{seq:09d}" not in dropped}
     return kept, {"stage": "dedup", "in": len(candidates), "kept": len(kept),
                   "dropped": dict(Counter(reason for _, reason in dropped.values()))}

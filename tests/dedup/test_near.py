@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from test_strong import mutate_copy  # the same adversarial copy as the strong-score tests
 
-from cudagym.dedup.near import (NEAR_THRESHOLD, MinHasher, NearDedup, candidate_pairs, find_duplicates, fingerprint,
-                                jaccard)
+from cudagym.dedup import near
+from cudagym.dedup.near import (NEAR_THRESHOLD, MinHasher, NearCache, NearDedup, candidate_pairs, find_duplicates,
+                                fingerprint, jaccard)
 from cudagym.kernelbench import load_problems
 from cudagym.tasks import Task
 
@@ -67,6 +68,24 @@ def test_pipeline_step(synthetic):
     assert all(t.provenance["dedup_duplicates"] == (2 if t.id.startswith("g") else 0) for t in kept)
     assert len(rejected) == 24
     assert [t.id for t in NearDedup().run(reversed(synthetic))] == [t.id for t in reversed(kept)]  # order-free
+
+
+def test_a_cache_kept_across_a_growing_set_gives_the_same_answer_and_works_out_only_the_new(synthetic, monkeypatch):
+    """A build dedups all its candidates after every round: with a NearCache, each call fingerprints only the
+    sources it has not seen, and answers as a call without it."""
+    fingerprinted = []
+    monkeypatch.setattr(near, "fingerprint", lambda code: fingerprinted.append(code) or fingerprint(code))
+    cache = NearCache()
+    first, grown = synthetic[:21], synthetic  # a round's candidates, then the next round's added
+    assert find_duplicates(first, cache=cache) == find_duplicates(first)
+    fingerprinted.clear()
+    cached = find_duplicates(grown, cache=cache)
+    assert fingerprinted == [t.code for t in grown[21:]]  # the next round's, not the first's again
+    assert cached == find_duplicates(grown)
+    fingerprinted.clear()
+    find_duplicates(grown, cache=cache)
+    assert fingerprinted == []
+    assert len(cache.fingerprints) == len({t.code for t in grown})
 
 
 def test_exact_duplicate_of_a_near_duplicate_points_to_the_cluster_keeper(synthetic):
