@@ -391,7 +391,7 @@ def cmd_dataset_build(args) -> int:
                          min_eager_ms=args.min_eager_ms, max_eager_ms=args.max_eager_ms, task_timeout_s=args.timeout,
                          parallel=args.parallel or (os.cpu_count() or 1), runner=args.runner, address=args.address,
                          llm=llm, round_size=args.round_size, max_rounds=args.max_rounds,
-                         filter_passes=args.filter_passes, probes=args.probes,
+                         filter_passes=args.filter_passes, probes=args.probes, overlap=args.overlap,
                          **({"k_distribution": args.k_distribution} if args.k_distribution else {}),
                          **({"transformers_share": args.transformers_share} if args.transformers_share is not None else {}))
     if args.prefect:
@@ -930,6 +930,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="candidates a round composes and filters at most (default: all the target still needs); "
                           "small rounds publish rows sooner and bound what a stop loses (raise --max-rounds with it)")
     dsb.add_argument("--max-rounds", type=int, default=6, help="compose/filter rounds at most (default 6)")
+    dsb.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                     help="compose the next round while this one filters (default: on a GPU)")
     dsb.add_argument("--prefect", action="store_true", help="run as the Prefect flow build_dataset")
     llm = dsb.add_argument_group("llm composer (OpenAI-compatible endpoint)")
     llm.add_argument("--model", help="model name (env CUDAGYM_LLM_MODEL)")

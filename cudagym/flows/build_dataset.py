@@ -111,7 +111,18 @@ def build_dataset(config: BuildConfig, hub_repo: str | None = None) -> dict:
     return funnel
 
 
+@ptask(cache_policy=NO_CACHE, name="plan round")
+def plan_round(config: BuildConfig, stages: list[dict], missing: int, last: bool, first: bool) -> int | tuple[int, int]:
+    """An overlapped round's plan (`build.compose_first` with first, else `build.round_plan`)."""
+    with _store(config) as store:
+        if first:
+            return build.compose_first(store, config, stages, missing)
+        return build.round_plan(store, config, stages, missing, last)
+
+
 def _build_rounds(config: BuildConfig, logger) -> None:
+    if config.overlapped:
+        return _overlapped_rounds(config, logger)
     for _ in range(config.max_rounds):
         n_rows, stages = select(config, 0)
         missing = config.target - n_rows
@@ -122,6 +133,31 @@ def _build_rounds(config: BuildConfig, logger) -> None:
         if pending < wanted:
             compose(config, wanted - pending)
         n_rows, _ = select(config, wanted)
+        logger.info("%d of %d rows", n_rows, config.target)
+
+
+def _overlapped_rounds(config: BuildConfig, logger) -> None:
+    """`build.overlapped_rounds` as tasks: a round's filter (the select task, submitted) runs while the
+    next round's compose task does."""
+    n_rows, stages = select(config, 0)
+    for round_ in range(config.max_rounds):
+        missing = config.target - n_rows
+        if missing <= 0:
+            break
+        first = plan_round(config, stages, missing, False, True)
+        if first:
+            compose(config, first)
+            n_rows, stages = select(config, 0)
+        batch, ahead = plan_round(config, stages, missing, round_ + 1 == config.max_rounds, False)
+        if batch:
+            filtering = select.submit(config, batch)
+            try:
+                if ahead:
+                    compose(config, ahead)
+            finally:  # a compose that failed or stopped leaves no filter running behind the flow's back
+                filtering.wait()
+            filtering.result()
+        n_rows, stages = select(config, 0)
         logger.info("%d of %d rows", n_rows, config.target)
 
 

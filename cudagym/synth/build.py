@@ -28,7 +28,9 @@ import logging
 import math
 import platform
 import sys
+import threading
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -94,6 +96,13 @@ class BuildConfig:
     runner: str = "local"
     address: str | None = None
     llm: object | None = None  # cudagym.synth.llm.LLMConfig for composer "llm"
+    # Compose the next round while this one filters (`overlapped_rounds`); None: on a GPU, where the two
+    # share an otherwise idle card (on the CPU they share its cores, and gain nothing)
+    overlap: bool | None = None
+
+    @property
+    def overlapped(self) -> bool:
+        return self.device.startswith("cuda") if self.overlap is None else self.overlap
 
     def __post_init__(self):
         if self.target < 1:
@@ -155,6 +164,7 @@ class BuildConfig:
                 "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None,
                  "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None,
                  "filter_passes": self.filter_passes,
+                 "overlap": self.overlap or None, "no_overlap": self.overlap is False or None,
                  "probes": self.probes if self.scale_search and self.probes != BuildConfig.probes else None}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):
             flags["k_distribution"] = {str(k): v for k, v in sorted(dict(self.k_distribution).items())}
@@ -189,19 +199,39 @@ _SCHEMA = (
 
 
 class BuildStore:
-    """The build's DuckDB file. One process holds it; every write commits at once."""
+    """The build's DuckDB file. One process holds it; every write commits at once. Each thread gets its
+    own connection to it (a DuckDB connection is not for two threads at once): the overlapped build
+    filters one round in a thread while the next one composes (`filter_beside`)."""
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = connect(path, "build store", option="--out")
+        self._main = connect(path, "build store", option="--out")
+        self._owner = threading.get_ident()
+        self._cursors: dict[int, duckdb.DuckDBPyConnection] = {}
+        self._cursors_lock = threading.Lock()
         for statement in _SCHEMA:
             self.db.execute(statement)
         # dedup's per-candidate work (`dedup.near.NearCache`), kept while this store is open: every round
         # dedups all the stored candidates again, and only the new ones need it
         self.near_cache = None
 
+    @property
+    def db(self) -> duckdb.DuckDBPyConnection:
+        """This thread's connection: the store's own in the thread that opened it, else a cursor of it."""
+        me = threading.get_ident()
+        if me == self._owner:
+            return self._main
+        with self._cursors_lock:
+            if me not in self._cursors:
+                self._cursors[me] = self._main.cursor()
+            return self._cursors[me]
+
     def close(self) -> None:
-        self.db.close()
+        with self._cursors_lock:
+            for cursor in self._cursors.values():
+                cursor.close()
+            self._cursors.clear()
+        self._main.close()
 
     def __enter__(self) -> "BuildStore":
         return self
@@ -612,7 +642,8 @@ def select(store: BuildStore, config: BuildConfig, filter_more: int = 0) -> tupl
 
 def build_dataset(config: BuildConfig) -> dict:
     """Run (or resume) a build; returns its funnel. Each round composes what the target still needs
-    (beyond candidates already composed and not yet filtered) and filters that many."""
+    (beyond candidates already composed and not yet filtered) and filters that many; overlapped (on a
+    GPU by default), the next round composes while this one filters (`overlapped_rounds`)."""
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     with BuildStore(out / "build.duckdb") as store:
@@ -623,16 +654,10 @@ def build_dataset(config: BuildConfig) -> dict:
         seeds, crawl = crawl_stage(config)
         labelled, stages, stopped = [], [compose_funnel(store)], None
         try:
-            for round_ in range(config.max_rounds + 1):
-                labelled, stages = select(store, config)
-                missing = config.target - len(labelled)
-                if missing <= 0 or round_ == config.max_rounds:
-                    break
-                wanted = filter_batch(store, config, missing)
-                pending = unfiltered(stages)
-                if pending < wanted:
-                    compose_stage(store, seeds, config, next_round(store), wanted - pending)
-                select(store, config, filter_more=wanted)
+            if config.overlapped:
+                labelled, stages = overlapped_rounds(store, seeds, config)
+            else:
+                labelled, stages = sequential_rounds(store, seeds, config)
         except ComposeStopped as e:  # endpoint down, call cap spent, Ctrl-C while composing
             stopped = (e.reason, "; ".join(filter(None, [str(e), e.progress])))
         except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
@@ -644,15 +669,143 @@ def build_dataset(config: BuildConfig) -> dict:
         return publish_stage(config, dataset_rows(store, labelled), [crawl] + stages, stopped)
 
 
-def filter_batch(store: BuildStore, config: BuildConfig, missing: int) -> int:
-    """How many candidates the next round filters: enough for the missing rows at the filter's
-    yield so far (0.85 until 20 are measured), times the margin. The filter is the expensive stage:
-    filtering a fixed multiple would waste most of a round on rows the target does not need."""
+def sequential_rounds(store: BuildStore, seeds: list, config: BuildConfig) -> tuple[list[tuple[int, Task]], list[dict]]:
+    """Rounds one after the other: compose what the round still needs, then filter; `select`'s result."""
+    for round_ in range(config.max_rounds + 1):
+        labelled, stages = select(store, config)
+        missing = config.target - len(labelled)
+        if missing <= 0 or round_ == config.max_rounds:
+            return labelled, stages
+        wanted = filter_batch(store, config, missing)
+        pending = unfiltered(stages)
+        if pending < wanted:
+            compose_stage(store, seeds, config, next_round(store), wanted - pending)
+        select(store, config, filter_more=wanted)
+    raise AssertionError("unreachable")
+
+
+def overlapped_rounds(store: BuildStore, seeds: list, config: BuildConfig) -> tuple[list[tuple[int, Task]], list[dict]]:
+    """Rounds overlapped: while a round's candidates are filtered (in a thread of their own), the next
+    round's are composed and sized, so a round takes the longer of the two, not their sum. On the H100
+    (session 29) a round's composing and scale search took 54-70 s, then its check and timing passes
+    74-106 s, one after the other, and the GPU was busy in fewer than half the samples. The filter
+    gets what is composed and not yet filtered (at most what the target still needs); a round composes
+    first only when nothing is waiting to be filtered (the first round). Each round composes enough
+    for the round after it: the rows the filter now running will likely not give, at the filter's
+    yield so far, and at the share of composed candidates that reach the filter (scale search, dedup,
+    decontamination). `select`'s result."""
+    labelled, stages = select(store, config)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudagym-filter") as filter_thread:
+        for round_ in range(config.max_rounds):
+            missing = config.target - len(labelled)
+            if missing <= 0:
+                break
+            first = compose_first(store, config, stages, missing)
+            if first:
+                compose_stage(store, seeds, config, next_round(store), first)
+                labelled, stages = select(store, config)
+            batch, ahead = round_plan(store, config, stages, missing, last=round_ + 1 == config.max_rounds)
+            if batch:
+                compose_next = (lambda: compose_stage(store, seeds, config, next_round(store), ahead)) if ahead else None
+                filter_beside(store, config, batch, compose_next, filter_thread)
+            labelled, stages = select(store, config)
+    return labelled, stages
+
+
+def compose_first(store: BuildStore, config: BuildConfig, stages: list[dict], missing: int) -> int:
+    """Candidates an overlapped round composes before it filters: none while some wait to be filtered
+    (those are filtered while the round composes), else a filter batch's worth at the survival so far."""
+    return 0 if unfiltered(stages) else compose_count(config, stages, filter_batch(store, config, missing))
+
+
+def round_plan(store: BuildStore, config: BuildConfig, stages: list[dict], missing: int, last: bool) -> tuple[int, int]:
+    """An overlapped round: (candidates it filters, candidates it composes meanwhile for the next round;
+    none in the build's last round)."""
+    batch = min(filter_batch(store, config, missing), unfiltered(stages))
+    return batch, 0 if last or not batch else compose_ahead(store, config, stages, missing, batch)
+
+
+def filter_beside(store: BuildStore, config: BuildConfig, run: int, work, filter_thread: ThreadPoolExecutor) -> None:
+    """Filter `run` more candidates on `filter_thread` while work() (the next round's composing), if
+    any, runs in this thread; return when both are done. Ctrl-C, or work() failing, stops the filter's
+    judges (what they finished is stored); a composer that stopped for its endpoint or call cap lets
+    the filter finish first."""
+    seqs, _ = decontaminate_stage(store, config, dedup_stage(store)[0])
+    filtering = filter_thread.submit(filter_stage, store, config, seqs, run)
+    try:
+        if work is not None:
+            work()
+        filtering.result()
+    except ComposeStopped as e:
+        if e.reason != "interrupted":
+            _finish(filtering)
+        else:
+            _stop(filtering)
+        raise
+    except BaseException:
+        _stop(filtering)
+        raise
+
+
+def _finish(filtering: Future) -> None:
+    try:
+        filtering.result()
+    except BaseException:
+        _stop(filtering)
+        raise
+
+
+def _stop(filtering: Future) -> None:
+    """Stop the filter's judges until its thread returns (a pass that starts after a stop would not see
+    it: each pass clears the stop as it starts); what it raised is the stop's, not the caller's error."""
+    from cudagym.eval.evaluate import clear_stop, stop_live_judges
+
+    while not filtering.done():
+        stop_live_judges()
+        wait([filtering], timeout=1.0)
+    clear_stop()
+    if filtering.exception() is not None:
+        log.info("the filter stopped: %s", filtering.exception())
+
+
+def filter_rate(store: BuildStore) -> float:
+    """The filter's yield so far (0.85 until 20 are measured)."""
     results = list(store.filtered().values())
     kept = sum(r.keep for r in results)
-    rate = kept / len(results) if len(results) >= 20 else 0.85
-    wanted = math.ceil(missing / max(rate, 0.05) * config.oversample)
+    return kept / len(results) if len(results) >= 20 else 0.85
+
+
+def filter_batch(store: BuildStore, config: BuildConfig, missing: int) -> int:
+    """How many candidates the next round filters: enough for the missing rows at the filter's
+    yield so far, times the margin. The filter is the expensive stage: filtering a fixed multiple
+    would waste most of a round on rows the target does not need."""
+    wanted = math.ceil(missing / max(filter_rate(store), 0.05) * config.oversample)
     return min(wanted, config.round_size) if config.round_size else wanted
+
+
+def compose_survival(stages: list[dict]) -> float:
+    """The share of composed candidates that reached the filter so far (past the scale search, dedup
+    and decontamination), from `select`'s funnel entries; 1 until 20 were composed. On the H100
+    (session 29) 0.48: 1,055 of 3,284 too fast at every scale, 562 near duplicates."""
+    by_stage = {s["stage"]: s for s in stages}
+    composed = by_stage["compose"]["kept"]
+    return max(by_stage["decontaminate"]["kept"] / composed, 0.1) if composed >= 20 else 1.0
+
+
+def compose_count(config: BuildConfig, stages: list[dict], wanted: int) -> int:
+    """Candidates to compose for `wanted` more to reach the filter, at the survival so far."""
+    n = math.ceil(wanted / compose_survival(stages))
+    return min(n, config.round_size) if config.round_size else n
+
+
+def compose_ahead(store: BuildStore, config: BuildConfig, stages: list[dict], missing: int, batch: int) -> int:
+    """Candidates to compose while `batch` of the waiting ones are filtered: the round after needs the
+    rows this batch will likely not give, beyond the candidates that will still be waiting."""
+    rest = missing - batch * filter_rate(store)
+    if rest <= 0:
+        return 0
+    need = filter_batch(store, config, math.ceil(rest)) - (unfiltered(stages) - batch)
+    return compose_count(config, stages, need) if need > 0 else 0
 
 
 def unfiltered(stages: list[dict]) -> int:

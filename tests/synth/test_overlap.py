@@ -1,0 +1,197 @@
+"""The overlapped build (on a GPU by default): the next round composes while this one filters."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import duckdb
+import pytest
+
+from cudagym.eval import evaluate
+from cudagym.synth.build import (BuildConfig, BuildStore, build_dataset, compose_ahead, compose_count, compose_stage,
+                                 compose_survival, crawl_stage, filter_beside, select)
+from cudagym.synth.filter import FilterResult
+from cudagym.synth.publish import build_command, read_build_rows
+from cudagym.tasks import Task
+
+HANGS = '''import time
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(600)
+        return torch.tanh(x) * 3.0 + x
+
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _config(out, **kw) -> BuildConfig:
+    return BuildConfig(out=str(out), target=kw.pop("target", 6), seed=5, transformers=False, parallel=2, **kw)
+
+
+def _stages(composed: int, reached: int, unfiltered: int) -> list[dict]:
+    """`select`'s funnel entries, as far as the planner reads them."""
+    return [{"stage": "compose", "in": composed, "kept": composed, "dropped": {}},
+            {"stage": "dedup", "in": composed, "kept": reached, "dropped": {}},
+            {"stage": "decontaminate", "in": reached, "kept": reached, "dropped": {}},
+            {"stage": "filter", "in": reached, "kept": 0, "dropped": {"not_needed": unfiltered}}]
+
+
+def _store_with_yield(path, kept: int, dropped: int) -> BuildStore:
+    store = BuildStore(path)
+    for i in range(kept + dropped):
+        store.add_filtered(f"{i:064d}", FilterResult(i < kept, "" if i < kept else "too_fast", "", 2.0, 1.0, "cpu"))
+    return store
+
+
+def test_the_planner_composes_for_the_next_round_at_the_survival_so_far(tmp_path):
+    # 200 composed, 100 reached the filter: half survive, so twice what the filter needs is composed
+    assert compose_survival(_stages(200, 100, 0)) == 0.5
+    assert compose_survival(_stages(10, 1, 0)) == 1.0  # too few composed to tell
+    assert compose_count(_config(tmp_path), _stages(200, 100, 0), 30) == 60
+    assert compose_count(_config(tmp_path, round_size=40), _stages(200, 100, 0), 30) == 40
+    with _store_with_yield(tmp_path / "build.duckdb", kept=15, dropped=5) as store:  # yield 0.75
+        # 30 rows missing, 20 filtered now (15 rows likely): 15 more rows need 15 / 0.75 x 1.1 = 22 filtered
+        # next round, 10 of them still waiting after this batch, so 12 to reach the filter: 24 composed
+        assert compose_ahead(store, _config(tmp_path), _stages(200, 100, 30), missing=30, batch=20) == 24
+        # what is waiting already covers it, or this batch likely gives every missing row: nothing
+        assert compose_ahead(store, _config(tmp_path), _stages(200, 100, 60), missing=30, batch=20) == 0
+        assert compose_ahead(store, _config(tmp_path), _stages(200, 100, 40), missing=12, batch=40) == 0
+
+
+def test_the_store_takes_writes_from_several_threads_at_once(tmp_path):
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        def write(t: int) -> int:
+            for i in range(25):
+                store.add_filtered(f"{t}{i:063d}", FilterResult(True, "", "", 1.0, 1.0, "cpu"))
+                store.add_checked(f"{t}{i:063d}x", {"stage": "checked"})
+            return len(store.filtered())
+
+        with ThreadPoolExecutor(4) as pool:
+            seen = list(pool.map(write, range(4)))
+        assert all(25 <= n <= 100 for n in seen)
+        assert len(store.filtered()) == 100 and len(store.checked()) == 100
+    db = duckdb.connect(str(tmp_path / "build.duckdb"), read_only=True)  # closed, every connection: it opens again
+    assert db.execute("SELECT count(*) FROM filtered").fetchone()[0] == 100
+    db.close()
+
+
+@pytest.mark.slow
+def test_the_filter_runs_while_the_next_round_composes(tmp_path, kernelbench_path):
+    """filter_beside: the batch's results reach the store while the work still runs (the work waits for
+    them: run one after the other, it would wait forever), and the work's round is stored too."""
+    config = _config(tmp_path)
+    seeds, _ = crawl_stage(config)
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        compose_stage(store, seeds, config, 0, 4)
+        _, stages = select(store, config)
+        batch = next(s for s in stages if s["stage"] == "filter")["dropped"]["not_needed"]
+        seen = []
+
+        def compose_next() -> None:
+            deadline = time.monotonic() + 300
+            while not store.filtered() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            seen.append(len(store.filtered()))
+            compose_stage(store, seeds, config, 1, 3)
+
+        with ThreadPoolExecutor(1) as thread:
+            filter_beside(store, config, batch, compose_next, thread)
+        assert seen[0] >= 1  # a result while composing
+        assert len(store.filtered()) == batch >= 3
+        assert sorted(store.rounds()) == [0, 1]
+        assert {r for r, in store.db.execute("SELECT DISTINCT round FROM candidates").fetchall()} == {0, 1}
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_composing_stops_the_filter_and_keeps_what_it_finished(tmp_path, kernelbench_path):
+    """Ctrl-C lands in the composing thread while a candidate that hangs is filtered: the filter's judges
+    are stopped at once (no 600 s wait, no judge left), the hanging candidate gets no verdict (stopped,
+    not failed), and the build resumed with the same command finishes."""
+    config = _config(tmp_path, target=2)
+    seeds, _ = crawl_stage(config)
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        store.add_candidates([Task(id="synth/hangs", name="hangs", code=HANGS, source="synth",
+                                   provenance={"seed_ids": [], "k": 1})], 0)
+        store.add_round(0, {"in": 1, "kept": 1}, [])
+        hang_sha = store.candidates()[0][1].sha256
+
+        def interrupted_compose() -> None:
+            deadline = time.monotonic() + 120
+            while not evaluate._LIVE_JUDGES and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert evaluate._LIVE_JUDGES, "no filter judge started"
+            time.sleep(3)  # the judge is in the hanging forward
+            raise KeyboardInterrupt
+
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt), ThreadPoolExecutor(1) as thread:
+            filter_beside(store, config, 1, interrupted_compose, thread)
+        assert time.monotonic() - t0 < 150
+        assert not evaluate._LIVE_JUDGES
+        assert hang_sha not in store.filtered()
+        assert not [t for t in threading.enumerate() if t.name.startswith("cudagym-filter")]
+    # the next run filters the rest (the hanging candidate times out then: a 20 s budget here)
+    funnel = build_dataset(_config(tmp_path, target=2, overlap=True, task_timeout_s=20.0))
+    assert funnel["status"] == "complete" and len(read_build_rows(tmp_path / "dataset")) == 2
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        assert store.filtered()[hang_sha].reason == "timeout"
+
+
+@pytest.mark.slow
+def test_an_overlapped_build_publishes_what_a_sequential_one_would(tmp_path, kernelbench_path):
+    """--overlap on the CPU, in rounds of 4 for 6 rows: the funnel adds up, the target is met, a later
+    round's candidates were composed before the filter of the round before had ended, and a rerun does
+    nothing again."""
+    funnel = build_dataset(_config(tmp_path, overlap=True, round_size=4))
+    stages = {s["stage"]: s for s in funnel["stages"]}
+    for stage in funnel["stages"]:
+        assert stage["in"] == stage["kept"] + sum(stage["dropped"].values()), stage
+    assert stages["publish"]["kept"] == 6 and funnel["status"] == "complete"
+    assert funnel["config"]["overlap"] is True and "--overlap" in build_command(funnel["config"])
+    db = duckdb.connect(str(tmp_path / "build.duckdb"), read_only=True)
+    rounds = db.execute("SELECT round, min(c.created), max(f.created) FROM candidates c "
+                        "LEFT JOIN filtered f USING (sha256) GROUP BY round ORDER BY round").fetchall()
+    counts = db.execute("SELECT (SELECT count(*) FROM candidates), (SELECT count(*) FROM filtered)").fetchone()
+    db.close()
+    assert len(rounds) >= 2, rounds
+    # round r+1 was composed while round r's candidates were being filtered
+    assert any(later[1] < earlier[2] for earlier, later in zip(rounds, rounds[1:]) if earlier[2]), rounds
+    again = build_dataset(_config(tmp_path, overlap=True, round_size=4))
+    assert again["stages"] == funnel["stages"]
+    db = duckdb.connect(str(tmp_path / "build.duckdb"), read_only=True)
+    assert db.execute("SELECT (SELECT count(*) FROM candidates), (SELECT count(*) FROM filtered)").fetchone() == counts
+    db.close()
+
+
+def test_the_overlap_is_on_a_gpu_by_default_and_the_card_says_when_it_was_set(tmp_path):
+    assert BuildConfig(out=str(tmp_path), device="cuda").overlapped
+    assert not BuildConfig(out=str(tmp_path), device="cpu").overlapped
+    assert BuildConfig(out=str(tmp_path), device="cpu", overlap=True).overlapped
+    assert not BuildConfig(out=str(tmp_path), device="cuda", overlap=False).overlapped
+    assert "--no-overlap" in build_command(BuildConfig(out=str(tmp_path), device="cuda", overlap=False).command_flags())
+    assert "overlap" not in build_command(BuildConfig(out="build", device="cuda").command_flags())
+
+
+@pytest.mark.slow
+def test_the_prefect_flow_overlaps_its_rounds_too(tmp_path, kernelbench_path, prefect_harness):
+    from cudagym.flows.build_dataset import build_dataset as build_flow
+
+    funnel = build_flow(_config(tmp_path, overlap=True, round_size=4))
+    assert funnel["status"] == "complete" and len(read_build_rows(tmp_path / "dataset")) == 6
+    db = duckdb.connect(str(tmp_path / "build.duckdb"), read_only=True)
+    rounds = db.execute("SELECT round, min(c.created), max(f.created) FROM candidates c "
+                        "LEFT JOIN filtered f USING (sha256) GROUP BY round ORDER BY round").fetchall()
+    db.close()
+    assert any(later[1] < earlier[2] for earlier, later in zip(rounds, rounds[1:]) if earlier[2]), rounds
