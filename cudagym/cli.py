@@ -391,7 +391,8 @@ def cmd_dataset_build(args) -> int:
                          min_eager_ms=args.min_eager_ms, max_eager_ms=args.max_eager_ms, task_timeout_s=args.timeout,
                          parallel=args.parallel or (os.cpu_count() or 1), runner=args.runner, address=args.address,
                          llm=llm, round_size=args.round_size, max_rounds=args.max_rounds,
-                         filter_passes=args.filter_passes, probes=args.probes, overlap=args.overlap,
+                         filter_passes=args.filter_passes, filter_stream=args.filter_stream, probes=args.probes,
+                         overlap=args.overlap,
                          **({"k_distribution": args.k_distribution} if args.k_distribution else {}),
                          **({"transformers_share": args.transformers_share} if args.transformers_share is not None else {}))
     if args.prefect:
@@ -923,6 +924,9 @@ def build_parser() -> argparse.ArgumentParser:
     dsb.add_argument("--filter-passes", type=int, choices=[1, 2], default=None,
                      help="the GPU filter in 2 passes (check all, then time the survivors; the default on a GPU) "
                           "or 1 (each judge checks, compiles and times)")
+    dsb.add_argument("--filter-stream", action="store_true",
+                     help="the filter's two passes streamed to one set of long-lived judges: each candidate that "
+                          "passes its checks is timed at once (local runner)")
     dsb.add_argument("--probes", choices=["streamed", "waves"], default="streamed",
                      help="with --scale search: each probe sent to one set of long-lived judges as its search asks "
                           "(streamed, the default) or in waves of new judges, one per step of the searches (waves)")

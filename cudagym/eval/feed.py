@@ -62,7 +62,8 @@ class JudgeFeed:
         self.config, self.mode, self.folder = config, mode, folder
         self.cond = threading.Condition()
         self.items = 0  # item files written
-        self.pending: dict[str, tuple[Task, Callable[[dict], None]]] = {}  # submitted, not yet answered (oldest first)
+        # submitted, not yet answered (oldest first): the task, its callback and the mode it runs in
+        self.pending: dict[str, tuple[Task, Callable[[dict], None], str]] = {}
         self.alone: set[str] = set()  # pending tasks run again alone (out of memory): no judge of the feed holds them
         self.claims: dict[str, str] = {}  # key -> the token that claimed it, as read (a claim never changes)
         self.closed = False
@@ -72,14 +73,16 @@ class JudgeFeed:
         for thread in self.threads:  # judges start now: their start overlaps whatever comes before the first task
             thread.start()
 
-    def submit(self, task: Task, on_done: Callable[[dict], None]) -> None:
-        """Add a task; on_done(result) runs once, in a judge's driving thread, when its result is known."""
+    def submit(self, task: Task, on_done: Callable[[dict], None], mode: str | None = None) -> None:
+        """Add a task; on_done(result) runs once, in a judge's driving thread, when its result is known.
+        mode: another reference mode than the feed's for this task (the filter's checks and timing share
+        one feed: `filter.run_filter`), with the feed's settings."""
         key = uuid.uuid4().hex  # not the task's id: the same task may be submitted twice
         with self.cond:
             if self.closed:
                 raise RuntimeError("the judge feed is closed")
-            self.pending[key] = (task, on_done)
-            write_item(self.folder, self.items, {"key": key, "code": task.code})
+            self.pending[key] = (task, on_done, mode or self.mode)
+            write_item(self.folder, self.items, {"key": key, "code": task.code, **({"mode": mode} if mode else {})})
             self.items += 1
             self.cond.notify_all()
 
@@ -95,6 +98,10 @@ class JudgeFeed:
             thread.join()
         if self.errors:
             raise self.errors[0]
+
+    def ended(self) -> bool:
+        """Every judge slot returned: the feed was stopped (open, its slots return only when interrupted)."""
+        return not any(thread.is_alive() for thread in self.threads)
 
     def stop(self) -> None:
         """Stopped (Ctrl-C): kill the judges; what was answered was answered."""
@@ -166,19 +173,19 @@ class JudgeFeed:
             while True:
                 key = next((k for k in list(self.pending) if claim_task(self.folder, k, token)), None)
                 if key is not None:
-                    task = self.pending[key][0]
+                    task, _, mode = self.pending[key]
                     break
                 if self.closed:
                     return False
                 self.cond.wait(timeout=1.0)
-        return self._answer_alone(key, task)
+        return self._answer_alone(key, task, mode)
 
-    def _answer_alone(self, key: str, task: Task) -> bool:
+    def _answer_alone(self, key: str, task: Task, mode: str) -> bool:
         """Run the task alone in its own judge (run_judge holds the GPU alone if it runs out of memory) and
         answer it; False when stopped. A judge that cannot be set up is the task's answer, so that close()
         never waits for it."""
         try:
-            result = run_reference_job(task, self.mode, self.config)
+            result = run_reference_job(task, mode, self.config)
         except Interrupted:
             return False
         except Exception as e:  # noqa: BLE001
@@ -191,12 +198,12 @@ class JudgeFeed:
             entry = self.pending.get(key)
         if entry is None:
             return
-        task, on_done = entry
+        task, on_done, mode = entry
         if rerun and self.config.device.startswith("cuda") and out_of_memory(result):
             # beside other judges: again alone, in a thread of its own so that this judge's other results keep coming
             with self.cond:
                 self.alone.add(key)
-            threading.Thread(target=self._answer_alone, args=(key, task), daemon=True).start()
+            threading.Thread(target=self._answer_alone, args=(key, task, mode), daemon=True).start()
             return
         try:
             on_done(result)

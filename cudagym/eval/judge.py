@@ -1577,8 +1577,9 @@ def main(argv: list[str]) -> int:
         with open(os.path.join(req.workdir, "results.jsonl"), "w") as lines:
             for code, tags, last in (fed_tasks(req) if req.feed else listed_tasks(req, lines)):
                 t0 = time.perf_counter()
-                result = evaluate_or_explain(dataclasses.replace(req, ref_code=code, defer_memory_s=None if last
-                                                                 else req.defer_memory_s), sandbox)
+                result = evaluate_or_explain(dataclasses.replace(req, ref_code=code, mode=tags.pop("mode", req.mode),
+                                                                 defer_memory_s=None if last else req.defer_memory_s),
+                                             sandbox)
                 result.update(tags)
                 # the task's whole time in this judge: its phases and whatever none of them names (loading the
                 # reference, the memory reservation's bookkeeping), so a pass line shows what is unaccounted for
@@ -1621,9 +1622,10 @@ FEED_POLL_S = 0.05  # how often an idle fed judge looks for the next item: a pro
 
 def fed_tasks(req: Request):
     """The tasks of a feed (cudagym.eval.feed) that this judge claims, as the driver adds them: item n is
-    `feed.item_path` ({"key", "code"}, written whole by a rename), taken in order; the feed ends when every
-    item is seen and the driver's `end` mark is there. (code, {"feed_key": key}, False): a fed judge never
-    knows a task to be its last."""
+    `feed.item_path` ({"key", "code"}, and "mode" where the item runs in another mode than the judge's request,
+    written whole by a rename), taken in order; the feed ends when every item is seen and the driver's `end`
+    mark is there. (code, {"feed_key": key} and the item's "mode", False): a fed judge never knows a task to
+    be its last."""
     n = 0
     while True:
         item = item_path(req.feed, n)
@@ -1637,7 +1639,7 @@ def fed_tasks(req: Request):
             continue
         n += 1
         if claim_task(req.feed, entry["key"], req.claim_token):
-            yield entry["code"], {"feed_key": entry["key"]}, False
+            yield entry["code"], {"feed_key": entry["key"], **({"mode": entry["mode"]} if "mode" in entry else {})}, False
 
 
 def save_compile_artifacts() -> None:

@@ -93,6 +93,8 @@ class BuildConfig:
     # (each judge checks, compiles and times its tasks); None: 2 on a GPU (filter.run_filter). Since
     # session 16 a filter judge compiles outside the GPU lock, which is what made one pass slow.
     filter_passes: int | None = None
+    # The two passes streamed to one set of judges, each checked task timed at once (FilterConfig.streamed)
+    filter_stream: bool = False
     runner: str = "local"
     address: str | None = None
     llm: object | None = None  # cudagym.synth.llm.LLMConfig for composer "llm"
@@ -131,7 +133,7 @@ class BuildConfig:
     def filter_config(self) -> FilterConfig:
         two_pass = None if self.filter_passes is None else self.filter_passes == 2
         return FilterConfig(device=self.device, min_eager_ms=self.min_eager_ms, max_eager_ms=self.max_eager_ms,
-                            two_pass=two_pass,
+                            two_pass=two_pass, streamed=self.filter_stream,
                             task_timeout_s=self.task_timeout_s, parallel=self.parallel, runner=self.runner,
                             address=self.address)
 
@@ -163,7 +165,7 @@ class BuildConfig:
                  "no_transformers": not self.transformers,
                 "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None,
                  "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None,
-                 "filter_passes": self.filter_passes,
+                 "filter_passes": self.filter_passes, "filter_stream": self.filter_stream or None,
                  "overlap": self.overlap or None, "no_overlap": self.overlap is False or None,
                  "probes": self.probes if self.scale_search and self.probes != BuildConfig.probes else None}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import queue
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -67,6 +68,10 @@ class FilterConfig:
     max_reps: int = 50
     seed: int | None = None  # None: fresh secret input seeds, as in an evaluation
     two_pass: bool | None = None  # check all, then time the survivors (run_filter); None: on a GPU
+    # The two passes streamed to one set of long-lived judges (`feed.JudgeFeed`, local pools only): each
+    # task that passes its checks is timed as soon as it does, by the next idle judge, so the timing does
+    # not wait for the slowest check and no second set of judges starts (run_filter)
+    streamed: bool = False
     # The scale search's probes (`eager_times`): a rough eager time is all it needs
     probe_chunk: int = 16  # on a Ray pool: probes per judge process (judges start, torch and CUDA, once per chunk)
     probe_reps: tuple[int, int] = (3, 10)
@@ -258,8 +263,9 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     pass 2 timed them, the tasks that passed pass 1 are not reported; on_checked(task, measurement)
     gets each of them as pass 1 finishes it (store it there), and a re-run given those measurements
     as `checked` ({task.sha256: measurement}) times them without checking and compiling them again
-    (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall). say(line), if given,
-    hears a `pass_line` as each pass ends."""
+    (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall). `streamed` (local pools)
+    runs both passes on one feed of judges, each task timed as soon as its checks pass (`run_streamed`).
+    say(line), if given, hears a `pass_line` as each pass ends."""
     from cudagym.eval.batch import open_pool, run_queue
 
     tasks, eval_config = list(tasks), config.eval_config()
@@ -293,11 +299,50 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         else:
             record(task, env, measured)
 
+    def run_streamed(to_check: list[Task], to_time: list[Task]) -> None:
+        """Both passes on one feed of `slots` judges: a task's timing goes in as its checks come back
+        passed. Results are handled here, in the calling thread (the store's writes, as with passes)."""
+        from cudagym.eval.evaluate import Interrupted
+        from cudagym.eval.feed import judge_feed
+
+        answers: queue.Queue = queue.Queue()
+        with reported_pass(say, "filter checks, streamed", len(to_check)) as seen_check, \
+                reported_pass(say, "filter timing, streamed", None) as seen_time, \
+                judge_feed(pool.worker.config, "filter-check", slots) as feed:
+            def submit(task: Task, mode: str) -> None:
+                feed.submit(task, lambda result: answers.put((task, mode, result)), mode=mode)
+
+            for task in to_time:
+                submit(task, "filter-time")
+            for task in to_check:
+                submit(task, "filter-check")
+            outstanding = len(to_time) + len(to_check)
+            while outstanding:
+                try:
+                    task, mode, measured = answers.get(timeout=1.0)
+                except queue.Empty:
+                    if feed.ended():  # its judges were stopped (Ctrl-C in another thread): nothing more comes
+                        raise Interrupted() from None
+                    continue
+                outstanding -= 1
+                if mode == "filter-time":
+                    seen_time(measured)
+                    record(task, pool.worker.env, measured)
+                    continue
+                seen_check(measured)
+                record_checked(task, pool.worker.env, measured)
+                if task.sha256 in checked:  # passed: timed next
+                    submit(task, "filter-time")
+                    outstanding += 1
+
     with open_pool(eval_config, config.parallel, config.runner, config.address) as pool:
         slots = pool.n_workers * config.parallel
         two_pass = config.device.startswith("cuda") if config.two_pass is None else config.two_pass
         if not two_pass:  # the CPU (no GPU lock to wait for), or one pass asked for
             run_pass(tasks, slots, even_chunk(len(tasks), slots, config.chunk), "filter", record, "filter")
+            return
+        if config.streamed and getattr(pool, "in_process", False):
+            run_streamed([t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked])
             return
         to_check = [t for t in tasks if t.sha256 not in checked]
         if to_check:

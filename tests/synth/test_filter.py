@@ -150,6 +150,33 @@ def test_two_passes_decide_as_one_and_time_only_what_passed_the_checks(filtered,
 
 
 @pytest.mark.slow
+def test_streamed_passes_decide_as_one_and_time_each_task_as_its_checks_pass(filtered):
+    """The two passes streamed to one feed of judges (FilterConfig.streamed): the same decisions as one
+    pass; only what passed its checks is timed, on the same judges; a task checked before (a stopped
+    run's `checked`) is only timed. A line for the checks and one for the timing."""
+    kept_one, rejects_one, _ = filtered
+    config = FilterConfig(device="cpu", parallel=2, task_timeout_s=180.0, seed=1, two_pass=True, streamed=True)
+    results, checked, lines = {}, {}, []
+    tasks = [t for r, t in TASKS.items() if r != "timeout"]
+    run_filter(tasks, config, lambda task, result: results.__setitem__(task.id, result),
+               on_checked=lambda task, measured: checked.__setitem__(task.id, measured), say=lines.append)
+    assert {i for i, r in results.items() if r.keep} == {t.id for t in kept_one}
+    assert {i: r.reason for i, r in results.items() if not r.keep} == {i: r.reason for i, r in rejects_one.items() if i != "hangs"}
+    assert set(checked) == {t.id for t in kept_one}  # passed the checks: then timed
+    good = results["good"]
+    assert good.t_eager_ms > 0 and good.t_compile_ms > 0 and good.timing_s > 0 and good.compile_s > 0
+    assert all(r.timing_s is None for r in results.values() if not r.keep)
+    assert [line.split(":")[0] for line in lines] == ["filter timing, streamed", "filter checks, streamed"], lines
+    assert lines[0].startswith(f"filter timing, streamed: {len(kept_one)} in ")
+    assert lines[1].startswith(f"filter checks, streamed: {len(tasks)} in ")
+    again, lines = {}, []
+    run_filter([TASKS["good"]], config, lambda task, result: again.__setitem__(task.id, result),
+               checked={TASKS["good"].sha256: checked["good"]}, say=lines.append)
+    assert again["good"].keep and again["good"].compile_s == checked["good"]["compile_s"]  # pass 1's compile
+    assert lines[0].startswith("filter timing, streamed: 1 in ") and lines[1].startswith("filter checks, streamed: 0 in ")
+
+
+@pytest.mark.slow
 def test_a_task_far_beyond_the_window_is_dropped_before_any_check_or_compile():
     """A task whose first eager call, and a warm one after it, take slow_factor x the window's top is
     too_slow at once: on a GPU, a batched SVD of seconds a call would otherwise spend its whole

@@ -115,11 +115,13 @@ def test_the_filter_runs_while_the_next_round_composes(tmp_path, kernelbench_pat
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_composing_stops_the_filter_and_keeps_what_it_finished(tmp_path, kernelbench_path):
-    """Ctrl-C lands in the composing thread while a candidate that hangs is filtered: the filter's judges
-    are stopped at once (no 600 s wait, no judge left), the hanging candidate gets no verdict (stopped,
-    not failed), and the build resumed with the same command finishes."""
-    config = _config(tmp_path, target=2)
+@pytest.mark.parametrize("filter_flags", [{}, {"filter_passes": 2, "filter_stream": True}], ids=["passes", "streamed"])
+def test_ctrl_c_while_composing_stops_the_filter_and_keeps_what_it_finished(tmp_path, kernelbench_path, filter_flags):
+    """Ctrl-C lands in the composing thread while a candidate that hangs is filtered (by a pass of judges,
+    or by the streamed passes' feed): the filter's judges are stopped at once (no 600 s wait, no judge
+    left), the hanging candidate gets no verdict (stopped, not failed), and the build resumed with the
+    same command finishes."""
+    config = _config(tmp_path, target=2, **filter_flags)
     seeds, _ = crawl_stage(config)
     with BuildStore(tmp_path / "build.duckdb") as store:
         store.add_candidates([Task(id="synth/hangs", name="hangs", code=HANGS, source="synth",
@@ -143,7 +145,7 @@ def test_ctrl_c_while_composing_stops_the_filter_and_keeps_what_it_finished(tmp_
         assert hang_sha not in store.filtered()
         assert not [t for t in threading.enumerate() if t.name.startswith("cudagym-filter")]
     # the next run filters the rest (the hanging candidate times out then: a 20 s budget here)
-    funnel = build_dataset(_config(tmp_path, target=2, overlap=True, task_timeout_s=20.0))
+    funnel = build_dataset(_config(tmp_path, target=2, overlap=True, task_timeout_s=20.0, **filter_flags))
     assert funnel["status"] == "complete" and len(read_build_rows(tmp_path / "dataset")) == 2
     with BuildStore(tmp_path / "build.duckdb") as store:
         assert store.filtered()[hang_sha].reason == "timeout"
