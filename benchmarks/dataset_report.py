@@ -111,11 +111,15 @@ def round_timeline(build: Path, last: int = ROUNDS_SHOWN) -> list[dict]:
     filter decision as it comes. Per round: `size_s` (its first sized chain to its candidates stored: the
     probe pass less its start), `filter_s` (its candidates stored to its last decision: checks and timing),
     `gap_s` (the round before's last decision to this round's first sized chain: composing, the probe
-    judges' start; None across calls) and `kept`; a round whose decisions two calls made has no filter_s."""
+    judges' start; None across calls) and `kept`; a round whose decisions two calls made has no filter_s.
+    Overlapped rounds (--overlap) compose and size a round while the round before filters, so its candidates
+    wait for that filter: `filtering_s` (its first decision to its last) is its filter's own span, and
+    `overlap_s` how long its sizing ran while the round before was being filtered (0: one after the other)."""
     db = duckdb.connect(str(build / "build.duckdb"), read_only=True)
     try:
         rounds = db.execute(
-            "SELECT c.round, min(c.created), count(*), max(f.created), count(f.sha256), count(*) FILTER (WHERE f.keep) "
+            "SELECT c.round, min(c.created), count(*), max(f.created), count(f.sha256), count(*) FILTER (WHERE f.keep), "
+            "min(f.created) "
             "FROM candidates c LEFT JOIN filtered f USING (sha256) GROUP BY c.round ORDER BY c.round").fetchall()
         sized = [t for (t,) in db.execute("SELECT created FROM sized ORDER BY created").fetchall()]
         decisions = db.execute("SELECT c.round, f.created FROM filtered f JOIN candidates c USING (sha256) "
@@ -126,17 +130,24 @@ def round_timeline(build: Path, last: int = ROUNDS_SHOWN) -> list[dict]:
     for (r1, t1), (r2, t2) in zip(decisions, decisions[1:]):
         if r1 == r2 and (t2 - t1).total_seconds() > FilterConfig().task_timeout_s:  # no task holds a judge longer
             spans_calls.add(r1)
-    out, before = [], None  # before: the previous round's (candidates stored, last decision)
-    for round_, stored, n, last_decision, filtered, kept in rounds:
+    out, before = [], None  # before: the previous round's (candidates stored, last decision, first decision)
+    for round_, stored, n, last_decision, filtered, kept, first_decision in rounds:
         since = before[0] if before else None
         first_sized = next((t for t in sized if (since is None or t > since) and t <= stored), None)
         gap = (first_sized - before[1]).total_seconds() if before and before[1] and first_sized else None
+        same_call = round_ not in spans_calls
+        overlap = None
+        if first_sized and before and before[1] and before[2] and before[3]:  # the round before filtered in one call
+            overlap = max(0.0, (min(stored, before[1]) - max(first_sized, before[2])).total_seconds())
         out.append({"round": round_, "candidates": n, "filtered": filtered, "kept": kept,
                     "size_s": round((stored - first_sized).total_seconds(), 1) if first_sized else None,
                     "filter_s": round((last_decision - stored).total_seconds(), 1)
-                    if last_decision and round_ not in spans_calls else None,
+                    if last_decision and same_call else None,
+                    "filtering_s": round((last_decision - first_decision).total_seconds(), 1)
+                    if last_decision and same_call else None,
+                    "overlap_s": round(overlap, 1) if overlap is not None and overlap <= CALL_GAP_S else None,
                     "gap_s": round(gap, 1) if gap is not None and 0 <= gap <= CALL_GAP_S else None})
-        before = (stored, last_decision)
+        before = (stored, last_decision, first_decision, same_call)
     return out[-last:]
 
 
@@ -250,9 +261,12 @@ def markdown(r: dict) -> str:
                      + ", ".join(f"{k[:-4]} {v['median']} / {v['max']}" for k, v in sec["memory_gib"].items()) + ".")
     if r.get("rounds"):  # one stage after another: sizing, then filtering, then the next round's composing
         lines += ["", "## Last rounds (the store's timestamps)", "",
-                  "| round | candidates | filtered | kept | gap before s | sizing s | filter s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| round | candidates | filtered | kept | gap before s | sizing s | sized beside the last filter s "
+                  "| stored to last decision s | first to last decision s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {t['round']} | {t['candidates']} | {t['filtered']} | {t['kept']} | {_or_dash(t['gap_s'])} | "
-                  f"{_or_dash(t['size_s'])} | {_or_dash(t['filter_s'])} |" for t in r["rounds"]]
+                  f"{_or_dash(t['size_s'])} | {_or_dash(t.get('overlap_s'))} | {_or_dash(t['filter_s'])} | "
+                  f"{_or_dash(t.get('filtering_s'))} |" for t in r["rounds"]]
     g, e, st = r["re_executed_on_gpu"], r["kept_eager_ms"], r["state"]
     ms = {k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()}
     lines += ["", f"Kept eager ms: n {ms['n']}, min {ms['min']}, median {ms['median']}, max {ms['max']}.",

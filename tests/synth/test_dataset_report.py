@@ -186,8 +186,45 @@ def test_round_timeline_from_the_stores_timestamps(tmp_path):
             store.db.execute("UPDATE candidates SET created = ? WHERE round = ?", [at(stored_at), round_])
     timeline = dataset_report.round_timeline(tmp_path)
     assert timeline == [
-        {"round": 0, "candidates": 2, "filtered": 2, "kept": 1, "size_s": 40.0, "filter_s": 60.0, "gap_s": None},
-        {"round": 1, "candidates": 2, "filtered": 2, "kept": 1, "size_s": 30.0, "filter_s": None, "gap_s": 20.0},
-        {"round": 2, "candidates": 1, "filtered": 1, "kept": 1, "size_s": 30.0, "filter_s": 10.0, "gap_s": None},
+        {"round": 0, "candidates": 2, "filtered": 2, "kept": 1, "size_s": 40.0, "filter_s": 60.0, "filtering_s": 50.0,
+         "overlap_s": None, "gap_s": None},
+        {"round": 1, "candidates": 2, "filtered": 2, "kept": 1, "size_s": 30.0, "filter_s": None, "filtering_s": None,
+         "overlap_s": 0.0, "gap_s": 20.0},
+        {"round": 2, "candidates": 1, "filtered": 1, "kept": 1, "size_s": 30.0, "filter_s": 10.0, "filtering_s": 0.0,
+         "overlap_s": None, "gap_s": None},
     ]
     assert dataset_report.round_timeline(tmp_path, last=1) == timeline[-1:]
+
+
+def test_round_timeline_of_overlapped_rounds(tmp_path):
+    """Overlapped rounds: a round sized while the round before was filtered shows how long it ran beside
+    that filter, and its own filter's span apart from the wait for the round before's."""
+    from datetime import datetime, timedelta
+
+    from cudagym.synth.build import BuildStore
+    from cudagym.synth.filter import FilterResult
+    from cudagym.tasks import Task
+
+    t0 = datetime(2026, 12, 7, 1, 0, 0)
+    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
+    rounds = {  # round: (sized chains at, candidates stored at, decisions at): round 1 sized during round 0's filter
+        0: ([0, 10], 40, [60, 120]),
+        1: ([50, 70], 100, [130, 170]),
+    }
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        for round_, (sized_at, stored_at, decided_at) in rounds.items():
+            for i, s in enumerate(sized_at):
+                store.db.execute("INSERT INTO sized (sha256, reason, created) VALUES (?, 'in_window', ?)",
+                                 [f"chain{round_}-{i}", at(s)])
+            tasks = [Task(id=f"r{round_}t{i}", name="t", code=f"# round {round_} task {i}\n", source="test")
+                     for i in range(len(decided_at))]
+            store.add_candidates(tasks, round_)
+            for task, s in zip(tasks, decided_at):
+                store.add_filtered(task.sha256, FilterResult(True, ""))
+                store.db.execute("UPDATE filtered SET created = ? WHERE sha256 = ?", [at(s), task.sha256])
+            store.db.execute("UPDATE candidates SET created = ? WHERE round = ?", [at(stored_at), round_])
+    timeline = dataset_report.round_timeline(tmp_path)
+    # round 1 sized from 50 to 100 s, round 0 filtered from 60 to 120 s: 40 s side by side
+    assert [(t["round"], t["size_s"], t["overlap_s"], t["filter_s"], t["filtering_s"]) for t in timeline] == [
+        (0, 40.0, None, 80.0, 60.0), (1, 50.0, 40.0, 70.0, 40.0)]
+    assert timeline[1]["gap_s"] is None  # sized before the round before's last decision: no gap
