@@ -197,3 +197,29 @@ def test_the_prefect_flow_overlaps_its_rounds_too(tmp_path, kernelbench_path, pr
                         "LEFT JOIN filtered f USING (sha256) GROUP BY round ORDER BY round").fetchall()
     db.close()
     assert any(later[1] < earlier[2] for earlier, later in zip(rounds, rounds[1:]) if earlier[2]), rounds
+
+
+def test_a_composed_candidate_in_a_stored_ones_cluster_is_never_probed(tmp_path):
+    """The scale search skips a composed candidate that dedup would drop after sizing (the same cluster as a
+    stored candidate: here the stored one at another size); it is stored with its reason and counted in
+    the scale stage's drops, and no judge starts for it. An unrelated candidate is not taken for one."""
+    from cudagym.synth.build import STORED_DUPLICATE, scale_counts, scale_stage, stored_duplicates
+
+    stored = Task(id="synth/a", name="a", code=HANGS.replace("64, 64", "256, 256"), source="synth",
+                  provenance={"seed_ids": [], "k": 1})
+    resized = Task(id="synth/b", name="b", code=HANGS, source="synth", provenance={"seed_ids": [], "k": 1})
+    other = Task(id="synth/c", name="c", source="synth", provenance={"seed_ids": [], "k": 1},
+                 code="import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                      "    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3)\n\n"
+                      "    def forward(self, x):\n        return torch.relu(self.conv(x)).sum(dim=1)\n\n\n"
+                      "def get_inputs():\n    return [torch.randn(2, 3, 16, 16)]\n\n\ndef get_init_inputs():\n    return []\n")
+    config = _config(tmp_path, scale_search=True)
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        assert stored_duplicates(store, [resized, other]) == []  # nothing stored yet
+        store.add_candidates([stored], 0)
+        assert stored_duplicates(store, [resized, other]) == [resized]
+        assert scale_stage(store, [], config, 1, [resized]) == []  # sized nothing: no seeds, no judge needed
+        found = store.sized()[resized.sha256]
+        assert (found["reason"], found["probes"], found["task"]) == (STORED_DUPLICATE, {}, None)
+        counts = scale_counts(store, [resized])
+        assert counts["scale_in"] == 1 and counts["scale_kept"] == 0 and counts[f"scale_dropped_{STORED_DUPLICATE}"] == 1
