@@ -113,8 +113,9 @@ def round_timeline(build: Path, last: int = ROUNDS_SHOWN) -> list[dict]:
     `gap_s` (the round before's last decision to this round's first sized chain: composing, the probe
     judges' start; None across calls) and `kept`; a round whose decisions two calls made has no filter_s.
     Overlapped rounds (--overlap) compose and size a round while the round before filters, so its candidates
-    wait for that filter: `filtering_s` (its first decision to its last) is its filter's own span, and
-    `overlap_s` how long its sizing ran while the round before was being filtered (0: one after the other)."""
+    wait for that filter: `filtering_s` is its first decision to its last (a decision is stored when a check
+    drops a task or its timing ends, so its filter began a check earlier: judges' start, a check, a compile),
+    and `overlap_s` how long its sizing ran while the round before's decisions came (0: one after the other)."""
     db = duckdb.connect(str(build / "build.duckdb"), read_only=True)
     try:
         rounds = db.execute(
