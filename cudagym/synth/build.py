@@ -388,9 +388,7 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
     the same candidates and sizes only the rest); the sized tasks, in compose order."""
     from cudagym.eval.batch import open_pool
     from cudagym.synth.filter import eager_times, streamed_probes
-    from cudagym.synth.scale import size_chains
-
-    from cudagym.synth.scale import ScaleChoice
+    from cudagym.synth.scale import ScaleChoice, size_chains
 
     by_id = {seed.id: seed for seed in seeds}
     done = store.sized()
