@@ -791,15 +791,19 @@ def _finish(filtering: Future) -> None:
 
 def _stop(filtering: Future) -> None:
     """Stop the filter's judges until its thread returns (a pass that starts after a stop would not see
-    it: each pass clears the stop as it starts); what it raised is the stop's, not the caller's error."""
-    from cudagym.eval.evaluate import clear_stop, stop_live_judges
+    it: each pass clears the stop as it starts); the caller raises its own error. The filter's, unless it
+    is the stop's own Interrupted, is logged: stops are process-wide (`stop_live_judges`), so a filter that
+    failed mid-pass also stopped the judges of the scale search beside it, whose searches then wait for
+    answers until Ctrl-C, and this line is where the cause shows."""
+    from cudagym.eval.evaluate import Interrupted, clear_stop, stop_live_judges
 
     while not filtering.done():
         stop_live_judges()
         wait([filtering], timeout=1.0)
     clear_stop()
-    if filtering.exception() is not None:
-        log.info("the filter stopped: %s", filtering.exception())
+    error = filtering.exception()
+    if error is not None and not isinstance(error, Interrupted):
+        log.warning("the filter beside the composing failed: %s: %s", type(error).__name__, error)
 
 
 def filter_rate(store: BuildStore) -> float:
