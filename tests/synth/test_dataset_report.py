@@ -155,10 +155,9 @@ def test_filter_footprints_charges_a_check_its_forward_and_counts_the_judges_tha
     assert "no such build store" in capsys.readouterr().err
 
 
-def test_round_timeline_from_the_stores_timestamps(tmp_path):
-    """Each round's sizing (its first sized chain to its candidates stored), filtering (to its last decision)
-    and the gap before it, from the times the store wrote them; a round filtered in two calls has no filter
-    time, and a gap across calls is none."""
+def _timed_rounds(path, rounds: dict) -> None:
+    """A build store whose rounds were written at the given seconds: {round: (sized chains at, candidates
+    stored at, decisions at (the first kept, the rest degenerate))}."""
     from datetime import datetime, timedelta
 
     from cudagym.synth.build import BuildStore
@@ -167,12 +166,7 @@ def test_round_timeline_from_the_stores_timestamps(tmp_path):
 
     t0 = datetime(2026, 12, 6, 21, 0, 0)
     at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
-    rounds = {  # round: (sized chains at, candidates stored at, decisions at (the first kept))
-        0: ([0, 10], 40, [50, 100]),
-        1: ([120, 130], 150, [160, 900]),  # its second decision 740 s after its first: another call's
-        2: ([2000], 2030, [2040]),  # 1,100 s after round 1's last decision: another call
-    }
-    with BuildStore(tmp_path / "build.duckdb") as store:
+    with BuildStore(path / "build.duckdb") as store:
         for round_, (sized_at, stored_at, decided_at) in rounds.items():
             for i, s in enumerate(sized_at):
                 store.db.execute("INSERT INTO sized (sha256, reason, created) VALUES (?, 'in_window', ?)",
@@ -184,6 +178,17 @@ def test_round_timeline_from_the_stores_timestamps(tmp_path):
                 store.add_filtered(task.sha256, FilterResult(i == 0, "" if i == 0 else "degenerate_constant"))
                 store.db.execute("UPDATE filtered SET created = ? WHERE sha256 = ?", [at(s), task.sha256])
             store.db.execute("UPDATE candidates SET created = ? WHERE round = ?", [at(stored_at), round_])
+
+
+def test_round_timeline_from_the_stores_timestamps(tmp_path):
+    """Each round's sizing (its first sized chain to its candidates stored), filtering (to its last decision)
+    and the gap before it, from the times the store wrote them; a round filtered in two calls has no filter
+    time, and a gap across calls is none."""
+    _timed_rounds(tmp_path, {
+        0: ([0, 10], 40, [50, 100]),
+        1: ([120, 130], 150, [160, 900]),  # its second decision 740 s after its first: another call's
+        2: ([2000], 2030, [2040]),  # 1,100 s after round 1's last decision: another call
+    })
     timeline = dataset_report.round_timeline(tmp_path)
     assert timeline == [
         {"round": 0, "candidates": 2, "filtered": 2, "kept": 1, "size_s": 40.0, "filter_s": 60.0, "filtering_s": 50.0,
@@ -199,30 +204,10 @@ def test_round_timeline_from_the_stores_timestamps(tmp_path):
 def test_round_timeline_of_overlapped_rounds(tmp_path):
     """Overlapped rounds: a round sized while the round before was filtered shows how long it ran beside
     that filter, and its own filter's span apart from the wait for the round before's."""
-    from datetime import datetime, timedelta
-
-    from cudagym.synth.build import BuildStore
-    from cudagym.synth.filter import FilterResult
-    from cudagym.tasks import Task
-
-    t0 = datetime(2026, 12, 7, 1, 0, 0)
-    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
-    rounds = {  # round: (sized chains at, candidates stored at, decisions at): round 1 sized during round 0's filter
+    _timed_rounds(tmp_path, {  # round 1 sized during round 0's filter
         0: ([0, 10], 40, [60, 120]),
         1: ([50, 70], 100, [130, 170]),
-    }
-    with BuildStore(tmp_path / "build.duckdb") as store:
-        for round_, (sized_at, stored_at, decided_at) in rounds.items():
-            for i, s in enumerate(sized_at):
-                store.db.execute("INSERT INTO sized (sha256, reason, created) VALUES (?, 'in_window', ?)",
-                                 [f"chain{round_}-{i}", at(s)])
-            tasks = [Task(id=f"r{round_}t{i}", name="t", code=f"# round {round_} task {i}\n", source="test")
-                     for i in range(len(decided_at))]
-            store.add_candidates(tasks, round_)
-            for task, s in zip(tasks, decided_at):
-                store.add_filtered(task.sha256, FilterResult(True, ""))
-                store.db.execute("UPDATE filtered SET created = ? WHERE sha256 = ?", [at(s), task.sha256])
-            store.db.execute("UPDATE candidates SET created = ? WHERE round = ?", [at(stored_at), round_])
+    })
     timeline = dataset_report.round_timeline(tmp_path)
     # round 1 sized from 50 to 100 s, round 0 filtered from 60 to 120 s: 40 s side by side
     assert [(t["round"], t["size_s"], t["overlap_s"], t["filter_s"], t["filtering_s"]) for t in timeline] == [
