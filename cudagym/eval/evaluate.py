@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -32,13 +33,10 @@ from cudagym.tasks.sandbox import describe_exit, kill_tree
 
 POLICIES = ("strict", "permissive")
 PRECISIONS = ("strict", "kernelbench")
-_LIVE_JUDGES: set[subprocess.Popen] = set()  # so an interrupted batch can stop them (they run in their own sessions)
+# The judges this process started and still runs, each with the stop scope of the batch that started it
+# (they run in their own sessions, so a stop must kill them by name).
+_LIVE_JUDGES: dict[subprocess.Popen, StopScope] = {}
 _LIVE_LOCK = threading.Lock()
-_STOPPING = threading.Event()  # set by stop_live_judges: a judge that ends now was killed, not finished
-# Stops so far. A stop's clear_stop can come before one of its killed judges is reaped (a drain that
-# gave up after DRAIN_S, another batch of the same process): a judge that dies with no result was
-# stopped, not failed, if any stop came while it ran.
-_STOPS = 0
 
 
 class Interrupted(Exception):
@@ -49,21 +47,64 @@ class Interrupted(Exception):
         self.results = results or []
 
 
-def stop_live_judges() -> None:
-    """Kill every judge this process started that is still running (and, with it, its runner);
-    the threads waiting on them raise Interrupted, carrying what was finished."""
-    global _STOPS
-    _STOPPING.set()
+class StopScope:
+    """The judges of one batch (a pool's run, a feed), so that its stop kills its own judges and not those
+    of another batch beside it in the same process: an overlapped dataset build filters one round while
+    the next round's scale search probes, and a filter that stops (or fails) must not end the search's
+    probes, which would then wait for answers that never come. A thread runs its judges in the scope
+    `enter_scope` gave it (the batch's worker threads), else in the process's default scope."""
+
+    def __init__(self):
+        self.stopping = threading.Event()  # set by a stop: a judge that ends now was killed, not finished
+        # Stops so far. A stop's clear can come before one of its killed judges is reaped (a drain that
+        # gave up after DRAIN_S): a judge that dies with no result was stopped, not failed, if any stop
+        # came while it ran.
+        self.stops = 0
+
+
+_DEFAULT_SCOPE = StopScope()  # judges started outside any batch (an agent's verify, a single evaluation)
+_SCOPES: "weakref.WeakSet[StopScope]" = weakref.WeakSet()  # every scope a batch made, for a stop of them all
+_SCOPES.add(_DEFAULT_SCOPE)
+_THREAD = threading.local()
+
+
+def new_scope() -> StopScope:
+    """A fresh scope for a batch: its threads enter it (`enter_scope`, a pool's initializer)."""
+    scope = StopScope()
     with _LIVE_LOCK:
-        _STOPS += 1
-        for proc in list(_LIVE_JUDGES):
-            kill_tree(proc.pid)
+        _SCOPES.add(scope)
+    return scope
 
 
-def clear_stop() -> None:
-    """After a stop (its finished work collected) or before a new batch: judges that end from now on
-    finished, they were not stopped."""
-    _STOPPING.clear()
+def enter_scope(scope: StopScope) -> None:
+    """This thread's judges belong to `scope` from now on."""
+    _THREAD.scope = scope
+
+
+def current_scope() -> StopScope:
+    return getattr(_THREAD, "scope", _DEFAULT_SCOPE)
+
+
+def stop_live_judges(scope: StopScope | None = None) -> None:
+    """Kill the judges of `scope` that are still running (and, with each, its runner), or with no scope
+    every judge this process started (Ctrl-C, a Ray worker's stop); the threads waiting on them raise
+    Interrupted, carrying what was finished."""
+    with _LIVE_LOCK:
+        scopes = [scope] if scope is not None else list(_SCOPES)
+        for each in scopes:
+            each.stopping.set()
+            each.stops += 1
+        for proc, owner in list(_LIVE_JUDGES.items()):
+            if owner in scopes:
+                kill_tree(proc.pid)
+
+
+def clear_stop(scope: StopScope | None = None) -> None:
+    """After a stop of `scope` (default: every scope), its finished work collected: judges of the scope
+    that end from now on finished, they were not stopped."""
+    with _LIVE_LOCK:
+        for each in [scope] if scope is not None else list(_SCOPES):
+            each.stopping.clear()
 
 
 # Environment variables a judge (and the candidate's process under it) never gets: the candidate could
@@ -301,7 +342,8 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
                     busy: Callable[[], bool] | None = None) -> dict:
     """Run `python -m cudagym.eval.judge` on a request; its result dict, or a failure dict.
     timeout_s: the whole judge's bound (default: the config's for one run); busy: see _wait_for_judge."""
-    if _STOPPING.is_set():  # a job that got a thread as its batch was being stopped
+    scope = current_scope()
+    if scope.stopping.is_set():  # a job that got a thread as its batch was being stopped
         raise Interrupted()
     timeout_s = timeout_s or config.judge_timeout_s
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
@@ -326,9 +368,9 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
             proc = subprocess.Popen([sys.executable, "-m", "cudagym.eval.judge", request_path], stdout=log,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
             with _LIVE_LOCK:
-                _LIVE_JUDGES.add(proc)
-                stops = _STOPS
-                if _STOPPING.is_set():  # the batch was stopped after the check above: this judge was started too late
+                _LIVE_JUDGES[proc] = scope
+                stops = scope.stops
+                if scope.stopping.is_set():  # the batch was stopped after the check above: this judge was started too late
                     kill_tree(proc.pid)
             try:
                 killed = _wait_for_judge(proc, timeout_s, lines_path, stall_s, on_line, busy)
@@ -339,14 +381,14 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
                 raise KeyboardInterrupt(f"its judge was {where}") from None
             finally:
                 with _LIVE_LOCK:
-                    _LIVE_JUDGES.discard(proc)
+                    _LIVE_JUDGES.pop(proc, None)
         result_path = os.path.join(workdir, "result.json")
         done = [json.loads(line) for line in Path(lines_path).read_text().splitlines()] if os.path.exists(lines_path) else None
         if killed:
             reason, stalled = killed
             return {"status": "timeout", "reason": f"{reason} (the judge was {judge_phase(workdir)})", "stalled": stalled,
                     **({"results": done} if done is not None else {})}
-        if not os.path.exists(result_path) and (_STOPPING.is_set() or _STOPS != stops):
+        if not os.path.exists(result_path) and (scope.stopping.is_set() or scope.stops != stops):
             raise Interrupted(done)
         if not os.path.exists(result_path):
             tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-1:] if os.path.exists(log_path) else []

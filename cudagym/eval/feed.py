@@ -28,8 +28,8 @@ import threading
 import uuid
 from typing import Callable
 
-from cudagym.eval.evaluate import (EvalConfig, Interrupted, _run_judge_once, clear_stop, ended_task_result,
-                                   judges_lock_dir, out_of_memory, reference_request, run_reference_job,
+from cudagym.eval.evaluate import (EvalConfig, Interrupted, _run_judge_once, ended_task_result, enter_scope,
+                                   judges_lock_dir, new_scope, out_of_memory, reference_request, run_reference_job,
                                    stop_live_judges)
 from cudagym.eval.gpulock import claim_task, task_claimant, task_queue
 from cudagym.tasks import Task
@@ -68,6 +68,7 @@ class JudgeFeed:
         self.claims: dict[str, str] = {}  # key -> the token that claimed it, as read (a claim never changes)
         self.closed = False
         self.errors: list[BaseException] = []  # raised by a callback: raised again by close()
+        self.scope = new_scope()  # the feed's judges, its own to stop (`evaluate.StopScope`)
         self.threads = [threading.Thread(target=self._slot, name=f"fed-judge-{i}", daemon=True)
                         for i in range(max(1, judges))]
         for thread in self.threads:  # judges start now: their start overlaps whatever comes before the first task
@@ -108,13 +109,13 @@ class JudgeFeed:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-        stop_live_judges()
+        stop_live_judges(self.scope)
         for thread in self.threads:
             thread.join(timeout=DRAIN_S)
-        clear_stop()
 
     # -- a judge slot: one judge at a time, another in its place when it ends early --------------------
     def _slot(self) -> None:
+        enter_scope(self.scope)
         while True:
             token = uuid.uuid4().hex
             took: list[str] = []
@@ -184,6 +185,7 @@ class JudgeFeed:
         """Run the task alone in its own judge (run_judge holds the GPU alone if it runs out of memory) and
         answer it; False when stopped. A judge that cannot be set up is the task's answer, so that close()
         never waits for it."""
+        enter_scope(self.scope)  # this may be a thread of its own (out of memory beside others)
         try:
             result = run_reference_job(task, mode, self.config)
         except Interrupted:
@@ -225,7 +227,6 @@ def not_started(error: Exception) -> dict:
 def judge_feed(config: EvalConfig, mode: str, judges: int):
     """A `JudgeFeed` of `judges` judges in `mode`, its folder in the machine's lock folder (which judges may
     write); closed at the end (every task answered), stopped if the block raised (Ctrl-C)."""
-    clear_stop()
     with task_queue(judges_lock_dir(config)) as folder:
         feed = JudgeFeed(config, mode, judges, folder)
         try:

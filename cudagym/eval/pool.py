@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudagym.eval.evaluate import EvalConfig, clear_stop, stop_live_judges, with_timing_cpus
+from cudagym.eval.evaluate import EvalConfig, enter_scope, new_scope, stop_live_judges, with_timing_cpus
 
 DRAIN_S = 30.0  # after a stop, how long to wait for the stopped judges' finished work
 
@@ -63,9 +63,12 @@ def batch_config(config: EvalConfig, parallel: int, gpu_slot: tuple[int, int] | 
 
 def run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int, on_result: Callable[[object, object], None],
             description: str, total: int) -> None:
-    """Run job thunks on `parallel` threads (each drives a subprocess), reporting with a progress bar."""
-    clear_stop()
-    with progress_bar(description, total) as advance, ThreadPoolExecutor(max_workers=parallel) as pool:
+    """Run job thunks on `parallel` threads (each drives a subprocess), reporting with a progress bar.
+    The threads' judges are this run's own (`evaluate.StopScope`): stopping it stops none of another
+    batch's beside it in this process."""
+    scope = new_scope()
+    with progress_bar(description, total) as advance, \
+            ThreadPoolExecutor(max_workers=parallel, initializer=enter_scope, initargs=(scope,)) as pool:
         futures: dict[Future, object] = {pool.submit(thunk): key for key, thunk in jobs}
         recorded: set[Future] = set()
         try:
@@ -75,16 +78,14 @@ def run_all(jobs: Iterable[tuple[object, Callable[[], object]]], parallel: int, 
                 advance()
         except BaseException:  # Ctrl-C or a timeout's SIGINT: stop now, but keep what was finished
             pool.shutdown(wait=False, cancel_futures=True)
-            stop_live_judges()
+            stop_live_judges(scope)
             # The stopped judges' threads return at once with what their judges had finished (a
-            # chunk of tasks may be half done); store that before going.
-            try:
-                finished, _ = wait([f for f in futures if f not in recorded and not f.cancelled()], timeout=DRAIN_S)
-                for future in finished:
-                    if future.exception() is None:
-                        on_result(futures[future], future.result())
-            finally:
-                clear_stop()
+            # chunk of tasks may be half done); store that before going. The scope stays stopped: it
+            # ends with this run.
+            finished, _ = wait([f for f in futures if f not in recorded and not f.cancelled()], timeout=DRAIN_S)
+            for future in finished:
+                if future.exception() is None:
+                    on_result(futures[future], future.result())
             raise
 
 

@@ -790,11 +790,10 @@ def _finish(filtering: Future) -> None:
 
 
 def _stop(filtering: Future) -> None:
-    """Stop the filter's judges until its thread returns (a pass that starts after a stop would not see
-    it: each pass clears the stop as it starts); the caller raises its own error. The filter's, unless it
-    is the stop's own Interrupted, is logged: stops are process-wide (`stop_live_judges`), so a filter that
-    failed mid-pass also stopped the judges of the scale search beside it, whose searches then wait for
-    answers until Ctrl-C, and this line is where the cause shows."""
+    """Stop the filter's judges until its thread returns (it may be between passes, and a pass that
+    starts after a stop starts judges of its own), then log the filter's error unless it is the stop's
+    own Interrupted; the caller raises its own error. A stop of every judge of the process: this thread's
+    scale search, if any, has already ended."""
     from cudagym.eval.evaluate import Interrupted, clear_stop, stop_live_judges
 
     while not filtering.done():

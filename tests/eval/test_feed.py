@@ -116,6 +116,55 @@ def test_a_stopped_feed_kills_its_judges_at_once():
     assert time.monotonic() - t0 < 40 and not evaluate._LIVE_JUDGES and "hangs" not in answers.got
 
 
+@pytest.mark.slow
+def test_a_batch_that_stops_beside_a_feed_stops_only_its_own_judges():
+    """An overlapped dataset build runs two batches in one process: the next round's scale search (a
+    feed) and this round's filter (a pool's run, another thread). The filter failing mid-run (here: its
+    store raising on the first result) stops its own judges, the hung one among them, and raises at
+    once; the feed's judges stay up and answer what is submitted next. (With stops process-wide, the
+    feed's idle judges were killed too, and the search waited for answers that never came.)"""
+    from cudagym.eval.evaluate import run_reference_job
+    from cudagym.eval.pool import run_all
+
+    config = FilterConfig(device="cpu", task_timeout_s=300.0, seed=1).probe_config()
+    quick = _task("quick", "return x + 1")
+    hangs = _task("hangs", "return x", imports="import time\ntime.sleep(600)")
+    answers = Answers()
+    failed: list[BaseException] = []
+
+    def store_fails(key, result) -> None:
+        raise RuntimeError(f"the store failed at {key}")
+
+    def filtering() -> None:
+        try:
+            run_all(((t.id, lambda t=t: run_reference_job(t, "filter-probe", config)) for t in [quick, hangs]),
+                    2, store_fails, "filter", 2)
+        except BaseException as e:  # noqa: BLE001
+            failed.append(e)
+
+    with judge_feed(config, "filter-probe", 2) as feed:
+        feed.submit(_task("a", "return x.tanh() * 2"), answers(_task("a", "")))
+        answers.wait_for(["a"], 120)  # the feed's judges are up and idle
+        other = threading.Thread(target=filtering)
+        t0 = time.monotonic()
+        other.start()
+        other.join(120)
+        assert not other.is_alive() and time.monotonic() - t0 < 100, "the failed batch waited for its hung task"
+        assert len(failed) == 1 and "the store failed at quick" in str(failed[0])
+        later = [_task("b", "return x.cos() + 1"), _task("c", "return x * 3 + 1")]
+        for task in later:
+            feed.submit(task, answers(task))
+        try:
+            answers.wait_for(["b", "c"], 120)
+        except AssertionError:
+            feed.stop()  # the feed's judges were stopped with the other batch: do not hang the suite
+            raise
+    results = [answers.got[n][0][1] for n in "abc"]
+    assert all(r["stage"] == "done" and r["t_eager_ms"] > 0 for r in results), results
+    assert sum("start_s" in r for r in results) <= 2  # the same two judges served b and c: none was restarted
+    assert not evaluate._LIVE_JUDGES
+
+
 def test_a_closed_feed_takes_no_more_tasks(monkeypatch):
     monkeypatch.setattr("sys.executable", "/bin/false")
     with judge_feed(FilterConfig(device="cpu", seed=1).probe_config(), "filter-probe", 1) as feed:
