@@ -111,12 +111,17 @@ def build_dataset(config: BuildConfig, hub_repo: str | None = None) -> dict:
     return funnel
 
 
-@ptask(cache_policy=NO_CACHE, name="plan round")
-def plan_round(config: BuildConfig, stages: list[dict], missing: int, last: bool, first: bool) -> int | tuple[int, int]:
-    """An overlapped round's plan (`build.compose_first` with first, else `build.round_plan`)."""
+@ptask(cache_policy=NO_CACHE, name="compose first")
+def compose_first(config: BuildConfig, stages: list[dict], missing: int) -> int:
+    """Candidates an overlapped round composes before it filters (`build.compose_first`)."""
     with _store(config) as store:
-        if first:
-            return build.compose_first(store, config, stages, missing)
+        return build.compose_first(store, config, stages, missing)
+
+
+@ptask(cache_policy=NO_CACHE, name="plan round")
+def plan_round(config: BuildConfig, stages: list[dict], missing: int, last: bool) -> tuple[int, int]:
+    """An overlapped round's plan: (candidates it filters, candidates it composes meanwhile) (`build.round_plan`)."""
+    with _store(config) as store:
         return build.round_plan(store, config, stages, missing, last)
 
 
@@ -144,11 +149,11 @@ def _overlapped_rounds(config: BuildConfig, logger) -> None:
         missing = config.target - n_rows
         if missing <= 0:
             break
-        first = plan_round(config, stages, missing, False, True)
+        first = compose_first(config, stages, missing)
         if first:
             compose(config, first)
             n_rows, stages = select(config, 0)
-        batch, ahead = plan_round(config, stages, missing, round_ + 1 == config.max_rounds, False)
+        batch, ahead = plan_round(config, stages, missing, round_ + 1 == config.max_rounds)
         if batch:
             filtering = select.submit(config, batch)
             try:
