@@ -698,9 +698,24 @@ def build_dataset(config: BuildConfig) -> dict:
             if not interrupted(e):  # Ctrl-C, also when DuckDB took it mid-statement
                 raise
             stopped = ("interrupted", INTERRUPTED)
+        if stopped is not None:
+            labelled, stages = stored_selection(store, config, labelled, stages)
         if stopped is None and len(labelled) < config.target:
             log.warning("build: %d of %d rows after %d rounds", len(labelled), config.target, config.max_rounds)
         return publish_stage(config, dataset_rows(store, labelled), [crawl] + stages, stopped)
+
+
+def stored_selection(store: BuildStore, config: BuildConfig, labelled: list, stages: list[dict]) -> tuple[list, list[dict]]:
+    """What a stopped build publishes: every row its store holds, the decisions of the round it stopped in
+    among them (`select` over the stored decisions, filtering nothing: seconds); the given selection if
+    that is stopped too. The rounds' own selection never returns from a stop: with it alone, a build stopped
+    by its time limit on the H100 (session 31) published 0 of the 1,255 rows its store held."""
+    try:
+        return select(store, config)
+    except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
+        if not interrupted(e):
+            raise
+        return labelled, stages
 
 
 def sequential_rounds(store: BuildStore, seeds: list, config: BuildConfig) -> tuple[list[tuple[int, Task]], list[dict]]:

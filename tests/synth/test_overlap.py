@@ -152,6 +152,41 @@ def test_ctrl_c_while_composing_stops_the_filter_and_keeps_what_it_finished(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "sequential"])
+def test_a_build_stopped_mid_round_publishes_every_row_its_store_holds(tmp_path, kernelbench_path, overlap):
+    """A build resumed with rows stored, then stopped by a real SIGINT (Ctrl-C, a time limit's `timeout
+    -s INT`) while its round filters a candidate that hangs: it publishes the rows its store holds, with
+    the whole funnel, not the empty selection its unfinished round began with (on the H100 in session 31
+    a stopped overlapped build published 0 of its 1,255 stored rows)."""
+    import os
+    import signal
+
+    assert build_dataset(_config(tmp_path, target=2, overlap=overlap))["status"] == "complete"
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        stored = len(select(store, _config(tmp_path, target=2, overlap=overlap))[0])  # a round may keep more than asked
+        store.add_candidates([Task(id="synth/hangs", name="hangs", code=HANGS, source="synth",
+                                   provenance={"seed_ids": [], "k": 1})], max(store.rounds()) + 1)
+
+    def ctrl_c_once_a_judge_runs() -> None:
+        deadline = time.monotonic() + 120
+        while not evaluate._LIVE_JUDGES and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the waiting main thread
+
+    watcher = threading.Thread(target=ctrl_c_once_a_judge_runs, daemon=True)
+    watcher.start()
+    funnel = build_dataset(_config(tmp_path, target=stored + 1, overlap=overlap))
+    watcher.join(5)
+    assert funnel.get("stopped") == "interrupted" and "0 rows kept" not in funnel["note"], funnel
+    stages = {s["stage"]: s for s in funnel["stages"]}
+    assert {"dedup", "filter", "label", "publish"} <= set(stages), list(stages)
+    assert stages["publish"]["kept"] == stored >= 2 and stages["filter"]["kept"] == stored
+    assert len(read_build_rows(tmp_path / "dataset")) == stored
+    assert not evaluate._LIVE_JUDGES
+
+
+@pytest.mark.slow
 def test_an_overlapped_build_publishes_what_a_sequential_one_would(tmp_path, kernelbench_path):
     """--overlap on the CPU, in rounds of 4 for 6 rows: the funnel adds up, the target is met, a later
     round's candidates were composed before the filter of the round before had ended, and a rerun does
