@@ -142,8 +142,9 @@ def test_a_batch_that_stops_beside_a_feed_stops_only_its_own_judges():
         except BaseException as e:  # noqa: BLE001
             failed.append(e)
 
+    first = _task("a", "return x.tanh() * 2")
     with judge_feed(config, "filter-probe", 2) as feed:
-        feed.submit(_task("a", "return x.tanh() * 2"), answers(_task("a", "")))
+        feed.submit(first, answers(first))
         answers.wait_for(["a"], 120)  # the feed's judges are up and idle
         other = threading.Thread(target=filtering)
         t0 = time.monotonic()
