@@ -101,7 +101,24 @@ def judge_seconds(build: Path) -> dict:
 
 
 ROUNDS_SHOWN = 8
-CALL_GAP_S = 600.0  # a gap longer than this lies between device calls, not within a build's run
+# Nothing stored for longer than one task's whole judge run (300 s): no task holds a judge longer, so that
+# is the time between two runs of the build (device calls; back to back on a warm box they lie 7-8 minutes apart)
+CALL_GAP_S = FilterConfig().task_timeout_s
+
+
+def call_breaks(times: list) -> list[tuple]:
+    """The pauses between runs of the build (device calls): each stretch longer than CALL_GAP_S in which
+    the store wrote nothing, as (last write before, first write after); a running build stores a sized
+    chain or a decision every few seconds."""
+    times = sorted(times)
+    return [(a, b) for a, b in zip(times, times[1:]) if (b - a).total_seconds() > CALL_GAP_S]
+
+
+def _span_s(start, end, breaks: list[tuple]) -> float | None:
+    """end - start in seconds, None where either is missing or a pause between calls lies between them."""
+    if start is None or end is None or any(start <= a and b <= end for a, b in breaks):
+        return None
+    return round((end - start).total_seconds(), 1)
 
 
 def round_timeline(build: Path, last: int = ROUNDS_SHOWN) -> list[dict]:
@@ -111,7 +128,9 @@ def round_timeline(build: Path, last: int = ROUNDS_SHOWN) -> list[dict]:
     filter decision as it comes. Per round: `size_s` (its first sized chain to its candidates stored: the
     probe pass less its start), `filter_s` (its candidates stored to its last decision: checks and timing),
     `gap_s` (the round before's last decision to this round's first sized chain: composing, the probe
-    judges' start; None across calls) and `kept`; a round whose decisions two calls made has no filter_s.
+    judges' start) and `kept`. A span with a pause between device calls inside (`call_breaks`) is None: a
+    round stopped by one call's end and finished by the next says nothing about either (on the H100 in
+    session 31 such spans read 13,874 and 27,349 s).
     Overlapped rounds (--overlap) compose and size a round while the round before filters, so its candidates
     wait for that filter: `filtering_s` is its first decision to its last (a decision is stored when a check
     drops a task or its timing ends, so its filter began a check earlier: judges' start, a check, a compile),
@@ -123,32 +142,26 @@ def round_timeline(build: Path, last: int = ROUNDS_SHOWN) -> list[dict]:
             "min(f.created) "
             "FROM candidates c LEFT JOIN filtered f USING (sha256) GROUP BY c.round ORDER BY c.round").fetchall()
         sized = [t for (t,) in db.execute("SELECT created FROM sized ORDER BY created").fetchall()]
-        decisions = db.execute("SELECT c.round, f.created FROM filtered f JOIN candidates c USING (sha256) "
-                               "ORDER BY c.round, f.created").fetchall()
+        decided = [t for (t,) in db.execute("SELECT created FROM filtered").fetchall()]
     finally:
         db.close()
-    spans_calls = set()  # rounds whose decisions lie in two calls: their filter time says nothing
-    for (r1, t1), (r2, t2) in zip(decisions, decisions[1:]):
-        if r1 == r2 and (t2 - t1).total_seconds() > FilterConfig().task_timeout_s:  # no task holds a judge longer
-            spans_calls.add(r1)
+    breaks = call_breaks(sized + decided + [r[1] for r in rounds])
     out, before = [], None  # before: the previous round's (candidates stored, last decision, first decision)
     for round_, stored, n, last_decision, filtered, kept, first_decision in rounds:
         since = before[0] if before else None
         first_sized = next((t for t in sized if (since is None or t > since) and t <= stored), None)
-        gap = (first_sized - before[1]).total_seconds() if before and before[1] and first_sized else None
-        same_call = round_ not in spans_calls
         overlap = None
-        if first_sized and before and before[1] and before[2] and before[3]:  # the round before filtered in one call
-            overlap = max(0.0, (min(stored, before[1]) - max(first_sized, before[2])).total_seconds())
+        if first_sized and before and before[1] and before[2] and _span_s(
+                min(first_sized, before[2]), max(stored, before[1]), breaks) is not None:  # all in one call
+            overlap = round(max(0.0, (min(stored, before[1]) - max(first_sized, before[2])).total_seconds()), 1)
+        gap = _span_s(before[1], first_sized, breaks) if before else None
         out.append({"round": round_, "candidates": n, "filtered": filtered, "kept": kept,
-                    "size_s": round((stored - first_sized).total_seconds(), 1) if first_sized else None,
-                    "filter_s": round((last_decision - stored).total_seconds(), 1)
-                    if last_decision and same_call else None,
-                    "filtering_s": round((last_decision - first_decision).total_seconds(), 1)
-                    if last_decision and same_call else None,
-                    "overlap_s": round(overlap, 1) if overlap is not None and overlap <= CALL_GAP_S else None,
-                    "gap_s": round(gap, 1) if gap is not None and 0 <= gap <= CALL_GAP_S else None})
-        before = (stored, last_decision, first_decision, same_call)
+                    "size_s": _span_s(first_sized, stored, breaks),
+                    "filter_s": _span_s(stored, last_decision, breaks),
+                    "filtering_s": _span_s(first_decision, last_decision, breaks),
+                    "overlap_s": overlap,
+                    "gap_s": gap if gap is None or gap >= 0 else None})
+        before = (stored, last_decision, first_decision)
     return out[-last:]
 
 

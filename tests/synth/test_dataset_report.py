@@ -213,3 +213,20 @@ def test_round_timeline_of_overlapped_rounds(tmp_path):
     assert [(t["round"], t["size_s"], t["overlap_s"], t["filter_s"], t["filtering_s"]) for t in timeline] == [
         (0, 40.0, None, 80.0, 60.0), (1, 50.0, 40.0, 70.0, 40.0)]
     assert timeline[1]["gap_s"] is None  # sized before the round before's last decision: no gap
+
+
+def test_round_timeline_of_rounds_a_device_call_ended(tmp_path):
+    """A round that one call's end stopped and the next call finished: its sizing or its filter began in
+    one call and ended in the next, so that span is none (on the H100, session 31, they read 27,349 and
+    13,874 s), while what lies within one call is still told."""
+    _timed_rounds(tmp_path, {
+        0: ([0, 10], 40, [50, 100]),
+        1: ([110, 120], 5000, [5010, 5060]),  # sized in call 1 until stopped; the rest sized, filtered in call 2
+        2: ([5070], 5100, [7000, 7040]),  # stored at call 2's end; filtered by call 3
+    })
+    timeline = dataset_report.round_timeline(tmp_path)
+    assert [(t["round"], t["size_s"], t["filter_s"], t["filtering_s"], t["gap_s"], t["overlap_s"]) for t in timeline] == [
+        (0, 40.0, 60.0, 50.0, None, None),
+        (1, None, 60.0, 50.0, 10.0, None),  # its sizing spans the pause; the gap before it does not
+        (2, 30.0, None, 40.0, 10.0, 0.0)]  # sized after round 1 in call 2; filtered wholly in call 3
+    assert dataset_report.call_breaks([]) == []
