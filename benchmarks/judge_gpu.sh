@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue "Judge under load": its GPU runs. On the GPU box, from the repo root (carry .whl and .kb):
 #   bash benchmarks/judge_gpu.sh STEP [SECONDS]
-# STEP: adversarial (the CUDA fixtures, strict then paper timing, 12 at once: concurrent callers
+# STEP: adversarial (the CUDA fixtures, strict then paper timing (MODES), 12 at once: concurrent callers
 # themselves) | audit (KernelBench v0 and v0.1 L1-3) | stress-strict | stress-paper (benchmarks/stress.py:
 # 16+ concurrent eval one + an eval run) | stress-both (both modes at once: every candidate, multi-GB ones
 # included, as an eval one in each mode, and one eval run per mode without the multi-GB problems; the lone
-# yardstick from LONE_FROM, an earlier results JSON) | repeat (the 19 fast honest kernels of
+# yardstick from LONE_FROM, an earlier results JSON; PYTEST_FLAGS adds to the adversarial pytest, e.g. --durations=0) | repeat (the 19 fast honest kernels of
 # benchmarks/expert_submission.py, KernelBench v0 L1, timed by two eval runs, each with its own store so
 # both time compile: benchmarks/repeatability.py --by-measure; REPEAT_TRACE=1 traces every rep for
 # benchmarks/fast_timing_report.py; run a is named `expert` in $OUT/expert.duckdb, which agent_gpu.sh
@@ -19,7 +19,7 @@ run() { local t0=$(date +%s); timeout -k 20 -s INT "$LIMIT" "$@"; local rc=$?; e
 case $STEP in
   adversarial)
     for mode in ${MODES:-strict paper}; do
-      CUDAGYM_FIXTURE_TIMING_MODE=$mode run python3 -m pytest tests/eval/test_adversarial.py -k "cuda and not header" -n 12 -q \
+      CUDAGYM_FIXTURE_TIMING_MODE=$mode run python3 -m pytest tests/eval/test_adversarial.py -k "cuda and not header" -n 12 -q ${PYTEST_FLAGS:-} \
         -p no:cacheprovider -rA > "$OUT/adversarial_$mode.txt" 2>&1
       grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$OUT/adversarial_$mode.txt" | tail -50
     done ;;
