@@ -14,7 +14,8 @@
 # scale setting it started with), ROUND (150: candidates a round composes, sizes and filters; on
 # the H200 in session 15 a round of 150 took ~50 s to compose, ~115 s to size and over 75 s to check,
 # so a round of 300 publishes nothing within one call), PARALLEL (16 judges), FILTER_FLAGS (e.g.
-# `--filter-passes 1`: each judge checks, compiles and times, for the A/B against the two passes), OVERLAP (on:
+# `--no-filter-stream`: a pass of check judges, then one of timing judges, for the A/B against the default
+# streamed passes; `--filter-passes 1`: each judge checks, compiles and times), OVERLAP (on:
 # the next round composes while this one filters, the GPU default; off: one after the other, as before session 30),
 # and from the caller's environment CUDAGYM_GPU_LOCK_POLICY (`writers-first`: the lock order's A/B, docs/evaluation.md).
 set -uo pipefail
@@ -40,7 +41,7 @@ rc=$? WALL=$(( $(date +%s) - t0 ))
 echo "build rc=$rc wall $WALL s, $(date -u)" | tee -a "$OUT/build.log"
 kill $SAMPLER
 # record this call (calls.jsonl, which travels in the state), pack the state, then report with its size
-SETUP="${FILTER_FLAGS:-two passes}; overlap ${OVERLAP:-on}; round ${ROUND:-150}; lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+SETUP="${FILTER_FLAGS:-streamed passes}; overlap ${OVERLAP:-on}; round ${ROUND:-150}; lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 python3 benchmarks/dataset_report.py "$BUILD" --wall-s "$WALL" --setup "$SETUP" --out "$OUT" > /dev/null 2>> "$OUT/build.log"
 mkdir -p "$BUILD/crawl" && cp "$CUDAGYM_CACHE"/crawl/*.pkl "$BUILD/crawl/" 2>/dev/null
 (cd "$BUILD" && tar -czf "$OUT/dataset-state.tar.gz" build.duckdb $(ls -d build.duckdb.wal calls.jsonl funnel.json dataset crawl 2>/dev/null))

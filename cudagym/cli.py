@@ -924,9 +924,10 @@ def build_parser() -> argparse.ArgumentParser:
     dsb.add_argument("--filter-passes", type=int, choices=[1, 2], default=None,
                      help="the GPU filter in 2 passes (check all, then time the survivors; the default on a GPU) "
                           "or 1 (each judge checks, compiles and times)")
-    dsb.add_argument("--filter-stream", action="store_true",
+    dsb.add_argument("--filter-stream", action=argparse.BooleanOptionalAction, default=None,
                      help="the filter's two passes streamed to one set of long-lived judges: each candidate that "
-                          "passes its checks is timed at once (local runner)")
+                          "passes its checks is timed at once (the default with the local runner); "
+                          "--no-filter-stream: a pass of judges checks every candidate, then another times them")
     dsb.add_argument("--probes", choices=["streamed", "waves"], default="streamed",
                      help="with --scale search: each probe sent to one set of long-lived judges as its search asks "
                           "(streamed, the default) or in waves of new judges, one per step of the searches (waves)")

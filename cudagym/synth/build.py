@@ -93,8 +93,9 @@ class BuildConfig:
     # (each judge checks, compiles and times its tasks); None: 2 on a GPU (filter.run_filter). Since
     # session 16 a filter judge compiles outside the GPU lock, which is what made one pass slow.
     filter_passes: int | None = None
-    # The two passes streamed to one set of judges, each checked task timed at once (FilterConfig.streamed)
-    filter_stream: bool = False
+    # The two passes streamed to one set of judges, each checked task timed at once (FilterConfig.streamed);
+    # None: streamed wherever two passes run on a local pool
+    filter_stream: bool | None = None
     runner: str = "local"
     address: str | None = None
     llm: object | None = None  # cudagym.synth.llm.LLMConfig for composer "llm"
@@ -166,6 +167,7 @@ class BuildConfig:
                 "transformers_share": self.transformers_share if self.transformers_share != TRANSFORMERS_SHARE else None,
                  "round_size": self.round_size, "max_rounds": self.max_rounds if self.max_rounds != 6 else None,
                  "filter_passes": self.filter_passes, "filter_stream": self.filter_stream or None,
+                 "no_filter_stream": self.filter_stream is False or None,
                  "overlap": self.overlap or None, "no_overlap": self.overlap is False or None,
                  "probes": self.probes if self.scale_search and self.probes != BuildConfig.probes else None}
         if dict(self.k_distribution) != dict(PAPER_K_DISTRIBUTION):

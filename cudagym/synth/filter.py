@@ -70,8 +70,11 @@ class FilterConfig:
     two_pass: bool | None = None  # check all, then time the survivors (run_filter); None: on a GPU
     # The two passes streamed to one set of long-lived judges (`feed.JudgeFeed`, local pools only): each
     # task that passes its checks is timed as soon as it does, by the next idle judge, so the timing does
-    # not wait for the slowest check and no second set of judges starts (run_filter)
-    streamed: bool = False
+    # not wait for the slowest check and no second set of judges starts (run_filter). None: streamed
+    # wherever two passes run on a local pool. On the H100 (sessions 31-32) the build's full call streamed
+    # kept 20.4 a GPU-minute against 12.5-18.3 in two passes (session 29), and a call stopped on its clock
+    # left 1 task checked and not timed against 48 (the timing pass begins only after the whole check pass).
+    streamed: bool | None = None
     # The scale search's probes (`eager_times`): a rough eager time is all it needs
     probe_chunk: int = 16  # on a Ray pool: probes per judge process (judges start, torch and CUDA, once per chunk)
     probe_reps: tuple[int, int] = (3, 10)
@@ -341,7 +344,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         if not two_pass:  # the CPU (no GPU lock to wait for), or one pass asked for
             run_pass(tasks, slots, even_chunk(len(tasks), slots, config.chunk), "filter", record, "filter")
             return
-        if config.streamed and getattr(pool, "in_process", False):
+        if config.streamed is not False and getattr(pool, "in_process", False):
             run_streamed([t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked])
             return
         to_check = [t for t in tasks if t.sha256 not in checked]

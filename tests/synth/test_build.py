@@ -140,7 +140,7 @@ def test_a_build_resumed_with_two_filter_passes_checks_then_times_what_it_adds(b
     with BuildStore(out / "build.duckdb") as store:
         target = sum(r.keep for r in store.filtered().values()) + 2  # more than the first build filtered
     capsys.readouterr()
-    build_dataset(_config(tmp_path / "copy", target=target, filter_passes=2))
+    build_dataset(_config(tmp_path / "copy", target=target, filter_passes=2, filter_stream=False))
     passes = [line.split(":")[0] for line in capsys.readouterr().err.splitlines() if line.startswith("filter ")]
     assert passes and set(passes) == {"filter check pass", "filter timing pass"}, passes
     rows = read_build_rows(tmp_path / "copy" / "dataset")
@@ -187,9 +187,11 @@ def test_kernelbench_problems_and_disguised_copies_are_dropped_by_decontaminatio
 def test_build_and_publish_from_the_cli(built, tmp_path, capsys):
     out, _ = built
     assert main(["dataset", "build", "--out", str(out), "--target", str(TARGET), "--seed", "3", "--no-transformers",
-                 "--device", "cpu", "--parallel", "2"]) == 0
+                 "--device", "cpu", "--parallel", "2", "--no-filter-stream"]) == 0
     printed = capsys.readouterr().out
     assert "dataset funnel" in printed and "decontaminate" in printed
+    # the card's command regenerates the build with the flags given, the streamed filter's default turned off among them
+    assert "--no-filter-stream" in (out / "dataset" / "README.md").read_text()
     assert main(["dataset", "publish", str(out), "--repo", "someone/cudagym-ops", "--dry-run",
                  "--out", str(tmp_path / "hub")]) == 0
     assert sorted(p.name for p in (tmp_path / "hub").iterdir()) == ["README.md", "data"]

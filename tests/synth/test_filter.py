@@ -135,7 +135,7 @@ def test_two_passes_decide_as_one_and_time_only_what_passed_the_checks(filtered,
     same decisions as one pass; the compile cost is pass 1's; tasks dropped by a check are never timed."""
     monkeypatch.setenv("CUDAGYM_GPU_LOCK_POLICY", "writers-first")  # inherited by the judges
     kept_one, rejects_one, _ = filtered
-    config = FilterConfig(device="cpu", parallel=2, chunk=2, task_timeout_s=180.0, seed=1, two_pass=True)
+    config = FilterConfig(device="cpu", parallel=2, chunk=2, task_timeout_s=180.0, seed=1, two_pass=True, streamed=False)
     results = {}
     run_filter([t for r, t in TASKS.items() if r != "timeout"], config,
                lambda task, result: results.__setitem__(task.id, result))
@@ -155,7 +155,7 @@ def test_streamed_passes_decide_as_one_and_time_each_task_as_its_checks_pass(fil
     pass; only what passed its checks is timed, on the same judges; a task checked before (a stopped
     run's `checked`) is only timed. A line for the checks and one for the timing."""
     kept_one, rejects_one, _ = filtered
-    config = FilterConfig(device="cpu", parallel=2, task_timeout_s=180.0, seed=1, two_pass=True, streamed=True)
+    config = FilterConfig(device="cpu", parallel=2, task_timeout_s=180.0, seed=1, two_pass=True)  # streamed: the default
     results, checked, lines = {}, {}, []
     tasks = [t for r, t in TASKS.items() if r != "timeout"]
     run_filter(tasks, config, lambda task, result: results.__setitem__(task.id, result),
@@ -335,7 +335,7 @@ def test_a_two_pass_filter_stopped_in_its_first_pass_keeps_its_checks_for_the_re
             time.sleep(0.1)
 
     threading.Thread(target=stop_after_two_tasks, daemon=True).start()
-    config = FilterConfig(device="cpu", chunk=3, task_timeout_s=200.0, seed=1, two_pass=True)
+    config = FilterConfig(device="cpu", chunk=3, task_timeout_s=200.0, seed=1, two_pass=True, streamed=False)
     stopped_lines = []
     with pytest.raises(KeyboardInterrupt):
         run_filter(tasks, config, lambda task, result: reported.__setitem__(task.id, result),

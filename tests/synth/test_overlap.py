@@ -219,6 +219,10 @@ def test_the_overlap_is_on_a_gpu_by_default_and_the_card_says_when_it_was_set(tm
     assert not BuildConfig(out=str(tmp_path), device="cuda", overlap=False).overlapped
     assert "--no-overlap" in build_command(BuildConfig(out=str(tmp_path), device="cuda", overlap=False).command_flags())
     assert "overlap" not in build_command(BuildConfig(out="build", device="cuda").command_flags())
+    # the filter's streamed passes likewise: the default unless turned off, which the card then says
+    assert "filter-stream" not in build_command(BuildConfig(out="build", device="cuda").command_flags())
+    assert BuildConfig(out="build", device="cuda").filter_config().streamed is None
+    assert BuildConfig(out="build", device="cuda", filter_stream=False).filter_config().streamed is False
 
 
 @pytest.mark.slow
