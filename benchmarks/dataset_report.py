@@ -16,7 +16,9 @@ and DIR/report.json over all calls so far:
   cpu, both times present);
 - the state that must travel to resume: build.duckdb's size, per 1,000 published rows;
 - the last rounds' timeline, from the store's own timestamps (`round_timeline`): how long each round sized
-  its candidates, how long it filtered them, and the gap before it, one stage after another.
+  its candidates, how long it filtered them, and the gap before it, one stage after another;
+- DIR/progress.png (where matplotlib is installed): kept tasks against GPU-minutes over the calls, beside
+  the target's rate, and each call's rate coloured by its setup (`plot`).
 """
 
 from __future__ import annotations
@@ -293,6 +295,41 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(r: dict, path: Path) -> None:
+    """The build's progress over its calls: kept tasks against GPU-minutes (build wall x GPUs), one point per
+    call, beside the target's rate; and each call's kept per GPU-minute, coloured by what it ran (its setup)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    calls, target = r["calls"], r["overall"]["targets"]["kept_per_gpu_min"]
+    minutes, kept, total_min, total_kept = [0.0], [0], 0.0, 0
+    for c in calls:
+        total_min += c["wall_s"] * c["gpus"] / 60
+        total_kept += c["kept"]
+        minutes.append(total_min)
+        kept.append(total_kept)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    left.plot(minutes, kept, marker="o", label=f"kept: {total_kept:,} in {total_min:.1f} GPU-min")
+    left.plot([0, total_min], [0, target * total_min], "--", color="grey", label=f"target: {target:g} per GPU-min")
+    left.set(xlabel="GPU-minutes (build wall x GPUs)", ylabel="kept tasks", title="kept over the calls")
+    left.legend(loc="upper left")
+    setups = list(dict.fromkeys(c.get("setup") or "(no setup recorded)" for c in calls))
+    colours = plt.get_cmap("tab10")
+    for i, setup in enumerate(setups):
+        mine = [(c["call"], c["kept_per_gpu_min"] or 0) for c in calls if (c.get("setup") or "(no setup recorded)") == setup]
+        right.bar([n for n, _ in mine], [v for _, v in mine], color=colours(i % 10),
+                  label=setup if len(setup) <= 60 else setup[:57] + "...")
+    right.axhline(target, linestyle="--", color="grey")
+    right.set_ylim(0, 1.6 * max([target] + [c["kept_per_gpu_min"] or 0 for c in calls]))  # the legend above the target
+    right.set(xlabel="call", ylabel="kept per GPU-minute", title="each call, by setup")
+    right.legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("build", type=Path, help="the `cudagym dataset build` folder (--out)")
@@ -319,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     r = report(args.build, calls, args.packed)
     (out / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     (out / "report.md").write_text(markdown(r))
+    try:
+        plot(r, out / "progress.png")
+    except ImportError:  # a box without matplotlib (the GPU image): the tables say it all
+        print("dataset_report: no matplotlib here: progress.png not drawn", file=sys.stderr)
     print(markdown(r))
     return 0
 

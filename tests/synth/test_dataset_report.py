@@ -80,6 +80,7 @@ def test_report_of_a_two_call_build_with_small_rounds(tmp_path, kernelbench_path
     assert sum(t["filtered"] for t in report["rounds"]) <= filtered and all(t["size_s"] is None for t in report["rounds"])
     assert all(t["filter_s"] is not None and t["filter_s"] >= 0 for t in report["rounds"] if t["filtered"])
     assert "## Last rounds (the store's timestamps)" in md
+    assert (tmp_path / "r2" / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the calls drawn
 
 
 def test_report_of_a_call_that_published_nothing(tmp_path):
