@@ -5,7 +5,7 @@
 # Resumes from this box's /tmp/dataset-build (warm box), else from .devout/dataset-state.tar.gz (the
 # previous call's $OUT/dataset-state.tar.gz, copied there), else starts afresh. At SECONDS the build gets
 # SIGINT (Ctrl-C): it stores every decision as it comes, so it only publishes what it has (funnel.json,
-# dataset/) and exits. Back under $OUT (7 files): report.md, report.json (benchmarks/dataset_report.py),
+# dataset/) and exits. Back under $OUT (7 files; 8 where the box has matplotlib: progress.png): report.md, report.json (benchmarks/dataset_report.py),
 # card.md (the dataset card), build.log, load.txt (load, GPU use every 15 s), env.txt and
 # dataset-state.tar.gz (build.duckdb, calls.jsonl, funnel.json, dataset/ and crawl/, the box's seed crawl: copy it
 # to .devout/ to resume).
