@@ -315,10 +315,10 @@ def plot(r: dict, path: Path) -> None:
     left.plot([0, total_min], [0, target * total_min], "--", color="grey", label=f"target: {target:g} per GPU-min")
     left.set(xlabel="GPU-minutes (build wall x GPUs)", ylabel="kept tasks", title="kept over the calls")
     left.legend(loc="upper left")
-    setups = list(dict.fromkeys(c.get("setup") or "(no setup recorded)" for c in calls))
+    labels = [c.get("setup") or "(no setup recorded)" for c in calls]
     colours = plt.get_cmap("tab10")
-    for i, setup in enumerate(setups):
-        mine = [(c["call"], c["kept_per_gpu_min"] or 0) for c in calls if (c.get("setup") or "(no setup recorded)") == setup]
+    for i, setup in enumerate(dict.fromkeys(labels)):
+        mine = [(c["call"], c["kept_per_gpu_min"] or 0) for c, label in zip(calls, labels) if label == setup]
         right.bar([n for n, _ in mine], [v for _, v in mine], color=colours(i % 10),
                   label=setup if len(setup) <= 60 else setup[:57] + "...")
     right.axhline(target, linestyle="--", color="grey")

@@ -266,8 +266,9 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     pass 2 timed them, the tasks that passed pass 1 are not reported; on_checked(task, measurement)
     gets each of them as pass 1 finishes it (store it there), and a re-run given those measurements
     as `checked` ({task.sha256: measurement}) times them without checking and compiling them again
-    (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall). `streamed` (local pools)
-    runs both passes on one feed of judges, each task timed as soon as its checks pass (`run_streamed`).
+    (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall). `streamed` (None or True:
+    local pools, by default) runs both passes on one feed of judges, each task timed as soon as its checks
+    pass (`run_streamed`); False runs them one after the other.
     say(line), if given, hears a `pass_line` as each pass ends."""
     from cudagym.eval.batch import open_pool, run_queue
 
