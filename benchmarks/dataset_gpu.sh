@@ -17,7 +17,8 @@
 # `--no-filter-stream`: a pass of check judges, then one of timing judges, for the A/B against the default
 # streamed passes; `--filter-passes 1`: each judge checks, compiles and times), OVERLAP (on:
 # the next round composes while this one filters, the GPU default; off: one after the other, as before session 30),
-# and from the caller's environment CUDAGYM_GPU_LOCK_POLICY (`writers-first`: the lock order's A/B, docs/evaluation.md).
+# SETUP_NOTE (words added to the call's setup in calls.jsonl and the report, e.g. what changed in the code since the
+# call before), and from the caller's environment CUDAGYM_GPU_LOCK_POLICY (`writers-first`: the lock order's A/B, docs/evaluation.md).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 source "$(dirname "$0")/datasets_wheels.sh" /tmp/site-datasets || exit 1  # datasets: publish writes the parquet
@@ -41,7 +42,7 @@ rc=$? WALL=$(( $(date +%s) - t0 ))
 echo "build rc=$rc wall $WALL s, $(date -u)" | tee -a "$OUT/build.log"
 kill $SAMPLER
 # record this call (calls.jsonl, which travels in the state), pack the state, then report with its size
-SETUP="${FILTER_FLAGS:-streamed passes}; overlap ${OVERLAP:-on}; round ${ROUND:-150}; lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+SETUP="${FILTER_FLAGS:-streamed passes}; overlap ${OVERLAP:-on}; round ${ROUND:-150}; lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}${SETUP_NOTE:+; $SETUP_NOTE}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 python3 benchmarks/dataset_report.py "$BUILD" --wall-s "$WALL" --setup "$SETUP" --out "$OUT" > /dev/null 2>> "$OUT/build.log"
 mkdir -p "$BUILD/crawl" && cp "$CUDAGYM_CACHE"/crawl/*.pkl "$BUILD/crawl/" 2>/dev/null
 (cd "$BUILD" && tar -czf "$OUT/dataset-state.tar.gz" build.duckdb $(ls -d build.duckdb.wal calls.jsonl funnel.json dataset crawl 2>/dev/null))

@@ -305,6 +305,23 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
             entries.pop(key, None)
 
 
+def lower_reservation(path: str | None, n_bytes: int) -> int | None:
+    """Lower this process's share of the GPU memory budget to n_bytes, from inside its
+    `memory_reservation`, for a stage that holds less than the one before (a filter judge's compile
+    after its checks: one input set where the checks had three). Never raises a share: a judge that
+    waited to grow its share while holding one could wait forever on others doing the same. The
+    caller gives the memory back to the device first (torch.cuda.empty_cache): the ledger admits others
+    into what it frees. Returns the share now held (None: no ledger, or no share of this process)."""
+    if not path:
+        return None
+    key = str(os.getpid())
+    with _locked_ledger(path + ".memory") as entries:
+        if key not in entries:
+            return None
+        entries[key] = min(entries[key], int(n_bytes))
+        return entries[key]
+
+
 @contextlib.contextmanager
 def _locked_ledger(path: str):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)

@@ -135,6 +135,7 @@ class FilterResult:
     admit_s: float | None = None  # the part of wait_s spent waiting for admission to the GPU's memory budget
     share_gib: float | None = None  # its share of the GPU's memory budget (judge.task_memory), GPU only
     peak_gib: float | None = None  # the most its judge's allocator held
+    compile_gib: float | None = None  # the share it lowered that to for its compile (check tasks), GPU only
     inputs_s: float | None = None  # building the model and its inputs
     checks_s: float | None = None  # the checks, the compile apart
     start_s: float | None = None  # its judge's start (interpreter, imports), on a judge's first task only
@@ -158,7 +159,7 @@ PHASES = ("start_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", 
 # a scale-search probe's seconds (judge.probe_task): call_s, its untimed eager calls (one-off costs, or
 # a monster's whole answer), is where a probe wave's GPU time goes besides its timing
 # a judge's GPU memory (GiB), what it reserved and what it held at most: recorded with the phases, never summed
-MEMORY = ("share_gib", "peak_gib")
+MEMORY = ("share_gib", "peak_gib", "compile_gib")
 PROBE_PHASES = ("start_s", "inputs_s", "call_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
 
 
@@ -180,6 +181,9 @@ def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], st
         shares, peaks = sorted(s for s, _ in memory), sorted(p for _, p in memory)
         held = (f"; memory GiB reserved median {shares[len(shares) // 2]:.1f} (max {shares[-1]:.1f}), "
                 f"held median {peaks[len(peaks) // 2]:.1f} (max {peaks[-1]:.1f})")
+        lowered = sorted(m["compile_gib"] for m in measured if isinstance(m.get("compile_gib"), (int, float)))
+        if lowered:  # check tasks: the share they kept for their compile
+            held += f", for the compile median {lowered[len(lowered) // 2]:.1f} (max {lowered[-1]:.1f})"
     done = f"{len(measured)}" if n is None else f"{len(measured)} of {n}" if stopped else f"{n}"
     tail = ""
     if done_at:

@@ -76,6 +76,9 @@ def test_a_widening_forward_is_charged_more_than_factors_of_its_inputs():
     assert footprint_bytes(ref, [], "filter-check") == int(FILTER_MARGIN * held) + FILTER_CONTEXT_BYTES
     assert footprint_bytes(ref, [], "filter-check") > footprint_bytes(ref, [], "eval")
     assert footprint_bytes(ref, [], "filter-probe") < footprint_bytes(ref, [], "filter-check")
+    # a check task's compile (judge._check_and_compile): set b and the reference's outputs for it
+    compiling = weights + inputs + outputs + peak + FILTER_FIXED_BYTES
+    assert footprint_bytes(ref, [], "filter-compile") == int(FILTER_MARGIN * compiling) + FILTER_CONTEXT_BYTES
 
 
 def test_an_elementwise_chain_is_charged_less_than_an_evaluation():

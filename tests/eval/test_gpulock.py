@@ -241,6 +241,40 @@ def test_memory_reservations_that_do_not_fit_together_run_one_after_the_other(tm
     assert admitted_second > t_start
 
 
+LOWERING_HOLDER = """
+import sys, time
+from cudagym.eval.gpulock import lower_reservation, memory_reservation
+path, marker = sys.argv[1], sys.argv[2]
+with memory_reservation(path, 60, budget_bytes=100, poll_s=0.05):
+    time.sleep(0.8)
+    raised = lower_reservation(path, 80)  # a share is never raised
+    lowered = lower_reservation(path, 20)
+    open(marker, "w").write(f"{time.time()} {raised} {lowered}")
+    time.sleep(1.5)
+"""
+
+
+def test_a_lowered_reservation_admits_others_into_what_it_freed_and_is_never_raised(tmp_path):
+    """A judge holding 60 of 100 lowers its share to 20 (its compile after its checks): a judge of 60
+    waiting beside it is admitted then, while the first still holds its 20; asked for 80 it keeps 60."""
+    lock = str(tmp_path / "gpu.lock")
+    first = subprocess.Popen([sys.executable, "-c", LOWERING_HOLDER, lock, str(tmp_path / "a")],
+                             env=dict(os.environ, PYTHONPATH=REPO))
+    time.sleep(0.4)  # the first holds 60 of 100
+    second = subprocess.run([sys.executable, "-c", MEMORY_HOLDER, lock, "60", "0", str(tmp_path / "b")], timeout=30,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+    admitted_second = time.time()
+    assert second.returncode == 0
+    lowered_at, raised, lowered = (tmp_path / "a").read_text().split()
+    assert (raised, lowered) == ("60", "20")
+    assert float((tmp_path / "b").read_text().split()[0]) >= float(lowered_at)  # not before the first lowered
+    assert first.poll() is None, "the second waited for the first to end, not for its lowered share"
+    first.wait(timeout=30)
+    assert first.returncode == 0 and admitted_second < time.time()
+    from cudagym.eval.gpulock import lower_reservation
+    assert lower_reservation(lock, 1) is None  # outside any reservation of its own, a process lowers nothing
+
+
 def test_a_reservation_that_fits_is_admitted_at_once_and_a_dead_holder_frees_its_share(tmp_path):
     lock = str(tmp_path / "gpu.lock")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -213,6 +213,43 @@ def test_the_timing_pass_times_without_checking_again():
 
 
 @pytest.mark.slow
+def test_a_check_task_compiles_on_its_second_set_and_compares_on_a_fresh_copy_of_it():
+    """A check task ("filter-check") compiles on set b alone after its checks (its share of the GPU's
+    memory lowered to that, judge._check_and_compile): a forward that writes into its input is still
+    compared on b as drawn (the compile's first call wrote into b), and a forward that computes something
+    else when compiled is still a compile_mismatch."""
+    from cudagym.eval.evaluate import run_reference_jobs
+
+    writer = _task("writer", "self.linear = nn.Linear(16, 32)", "x.mul_(2.0)\n        return torch.tanh(self.linear(x))")
+    two_faced = _task("two_faced", "pass",
+                      "return torch.sin(x) * (3.0 if torch.compiler.is_compiling() else 2.0)")
+    config = FilterConfig(device="cpu", task_timeout_s=180.0, seed=1).eval_config()
+    wrote, differs, good = run_reference_jobs([writer, two_faced, TASKS["good"]], "filter-check", config)
+    for result in (wrote, good):
+        assert result["stage"] == "checked" and not result["compile_mismatch"] and result["compile_s"] > 0, result
+    assert differs["stage"] == "compile" and "exceeds" in differs["compile_mismatch"], differs
+    assert decide(differs, (0.0, 1000.0)).reason == "compile_mismatch"
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_check_task_lowers_its_memory_share_for_the_compile(tmp_path):
+    """On a GPU, a check task's share of the memory budget during its compile is set b and its outputs
+    (FILTER_SETS "filter-compile"), well under the checks' share, and the ledger is empty afterwards."""
+    import json
+
+    from cudagym.eval.evaluate import run_reference_jobs
+
+    chain = _task("chain", "pass", "return torch.tanh(x) * torch.sigmoid(x) + x", inputs="torch.randn(8192, 16384)")
+    lock = str(tmp_path / "gpu.lock")
+    config = dataclasses.replace(FilterConfig(device="cuda", task_timeout_s=180.0, seed=1).eval_config(), lock_path=lock)
+    checked = run_reference_jobs([chain], "filter-check", config)[0]
+    assert checked["stage"] == "checked" and not checked["compile_mismatch"], checked
+    assert checked["compile_gib"] < 0.7 * checked["share_gib"], checked
+    assert checked["peak_gib"] < checked["share_gib"], checked
+    assert json.loads((tmp_path / "gpu.lock.memory").read_text()) == {}
+
+
+@pytest.mark.slow
 def test_a_scale_probe_times_eager_only_and_reports_a_slow_call_s_time():
     """The scale search's judge mode ("filter-probe") neither checks nor compiles: a task the checks
     would drop still gets its eager time, few reps. Beyond slow_call_s a first and a warm call end the
@@ -306,6 +343,10 @@ def test_a_pass_line_sums_the_judges_seconds_per_phase_over_the_tasks_that_repor
     on_gpu = [dict(m, share_gib=share, peak_gib=peak) for m, share, peak in zip(measured, (11.6, 4.2, 30.0), (1.5, 0.4, 2.0))]
     assert pass_line("filter check pass", 3, 12.4, on_gpu).endswith(
         "wait 4 (median 3.00); memory GiB reserved median 11.6 (max 30.0), held median 1.5 (max 2.0)")
+    # check tasks: the share they lowered theirs to for the compile
+    lowered = [dict(m, compile_gib=gib) for m, gib in zip(on_gpu, (3.5, 1.25, 9.0))]
+    assert pass_line("filter checks", 3, 12.4, lowered).endswith(
+        "held median 1.5 (max 2.0), for the compile median 3.5 (max 9.0)")
     # a decision keeps them beside its seconds (the build's stored phases), and a two-pass task its larger pass's
     kept = decide({**DONE, "wait_s": 2.0, "admit_s": 1.5, "share_gib": 11.6, "peak_gib": 1.5}, GPU_WINDOW_MS)
     assert kept.phases == {"wait_s": 2.0, "admit_s": 1.5, "share_gib": 11.6, "peak_gib": 1.5}
