@@ -1454,6 +1454,17 @@ def measure_task(ev: Evaluation, timed: bool = True, checked: bool = False) -> d
     return out
 
 
+def _model_and_two_sets(ev: Evaluation, out: dict) -> tuple[list, int, list]:
+    """The model and input sets a and b of a filter task, under the GPU lock: (a, b's seed, b)."""
+    t0 = time.perf_counter()
+    ev.build_model()
+    a = make_inputs(ev.ref, ev.new_seed(), ev.req.device)
+    seed_b = ev.new_seed()
+    b = make_inputs(ev.ref, seed_b, ev.req.device)
+    out["inputs_s"] = synced_since(t0, ev.req.device)
+    return a, seed_b, b
+
+
 def _check_and_compile(ev: Evaluation, out: dict) -> None:
     """A check task (a GPU filter's first pass, untimed): the eager checks on sets a and b, then the
     compile and its comparison on set b alone, with the share of the GPU memory budget lowered to what
@@ -1466,12 +1477,7 @@ def _check_and_compile(ev: Evaluation, out: dict) -> None:
     t0 = time.perf_counter()
     with gpu_lock(req.lock_path, exclusive=req.exclusive):
         out["wait_s"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ev.build_model()
-        a = make_inputs(ev.ref, ev.new_seed(), req.device)
-        seed_b = ev.new_seed()
-        b = make_inputs(ev.ref, seed_b, req.device)
-        out["inputs_s"] = synced_since(t0, req.device)
+        a, seed_b, b = _model_and_two_sets(ev, out)
         t0 = time.perf_counter()
         ref_b = _check_task(ev, out, a, b)
         out["checks_s"] = time.perf_counter() - t0
@@ -1500,11 +1506,7 @@ def _measure_task(ev: Evaluation, out: dict, timed: bool, checked: bool) -> None
     t0 = time.perf_counter()
     with gpu_lock(req.lock_path, exclusive=req.exclusive):
         out["wait_s"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ev.build_model()
-        a = make_inputs(ev.ref, ev.new_seed(), req.device)
-        b = make_inputs(ev.ref, ev.new_seed(), req.device)
-        out["inputs_s"] = synced_since(t0, req.device)
+        a, _, b = _model_and_two_sets(ev, out)
         if not checked:  # checked: a GPU filter's second pass, the checks done in its first
             t0 = time.perf_counter()
             ref_b = _check_task(ev, out, a, b)

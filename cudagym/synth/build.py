@@ -22,6 +22,7 @@ in the order cheapest-first, so the filter only sees unique, uncontaminated cand
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,7 +41,7 @@ import duckdb
 
 from cudagym.synth.compose import PAPER_K_DISTRIBUTION, TRANSFORMERS_SHARE, ComposeConfig, ComposeStep, ComposeStopped
 from cudagym.synth.labels import data_source_of, ops_from_code
-from cudagym.synth.filter import FilterConfig, FilterResult, run_filter
+from cudagym.synth.filter import FilterConfig, FilterResult, StandingJudges, run_filter, standing_judges
 from cudagym.tasks import Task, TaskError, sha256_text
 from cudagym.tasks.db import connect, interrupted
 
@@ -354,15 +355,17 @@ def crawl_stage(config: BuildConfig) -> tuple[list, dict]:
                    "sources": dict(Counter("transformers" if s.qualified_name.startswith("transformers") else "torch" for s in seeds))}
 
 
-def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, n_tasks: int) -> int:
-    """Compose n_tasks candidates in round `round_` (skipped if that round is stored); new candidates added."""
+def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, n_tasks: int,
+                  judges: StandingJudges | None = None) -> int:
+    """Compose n_tasks candidates in round `round_` (skipped if that round is stored); new candidates added.
+    judges: the build's standing judges, whose probe feed sizes them (`scale_stage`)."""
     if round_ in store.rounds():
         return 0
     step = ComposeStep(config.compose_config(round_, n_tasks), progress=lambda line: _say(f"compose round {round_}: {line}"))
     try:
         tasks = composed = list(step.run(seeds))
         if config.scale_search:
-            tasks = scale_stage(store, seeds, config, round_, composed)
+            tasks = scale_stage(store, seeds, config, round_, composed, judges)
     except ComposeStopped as e:  # the round is not stored; what was answered is in the composer's cache
         e.progress = f"round {round_} unfinished ({e.progress})" if e.progress else f"round {round_} unfinished"
         raise
@@ -384,10 +387,12 @@ def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: i
     return added
 
 
-def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, composed: list[Task]) -> list[Task]:
+def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, composed: list[Task],
+                judges: StandingJudges | None = None) -> list[Task]:
     """Size the composed candidates to the window (`scale.size_chains`, probes timed by the filter's
     judges, `filter.eager_times`), each result stored as its search ends (a stopped round re-composes
-    the same candidates and sizes only the rest); the sized tasks, in compose order."""
+    the same candidates and sizes only the rest); the sized tasks, in compose order. judges: the build's
+    standing judges, whose probe feed, where it has one, times the probes."""
     from cudagym.eval.batch import open_pool
     from cudagym.synth.filter import eager_times, streamed_probes
     from cudagym.synth.scale import ScaleChoice, size_chains
@@ -404,8 +409,10 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
     if chains:
         filter_config = config.filter_config()
         _say(f"compose round {round_}: scale search for {len(chains)} candidates in {filter_config.window_ms} ms")
-        with open_pool(filter_config.probe_config(), filter_config.parallel, filter_config.runner,
-                       filter_config.address) as pool:
+        standing = judges is not None and judges.probes is not None
+        with (contextlib.nullcontext(judges.probe_pool) if standing else
+              open_pool(filter_config.probe_config(), filter_config.parallel, filter_config.runner,
+                        filter_config.address)) as pool:
             ended = 0
 
             def on_sized(sha: str, task: Task | None, choice) -> None:  # stored as it ends, with a line now and then
@@ -415,8 +422,8 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
                 if ended % 50 == 0 or ended == len(chains):
                     _say(f"compose round {round_}: scale search {ended} of {len(chains)} ended")
 
-            if config.probes == "streamed" and getattr(pool, "in_process", False):
-                with streamed_probes(pool, filter_config, say=_say) as stream:
+            if standing or config.probes == "streamed" and getattr(pool, "in_process", False):
+                with streamed_probes(pool, filter_config, say=_say, feed=judges.probes if standing else None) as stream:
                     size_chains(chains, None, config.search_config(), config.compose_config(round_),
                                 on_sized=on_sized, stream=stream)
             else:
@@ -509,7 +516,8 @@ def decontaminate_stage(store: BuildStore, config: BuildConfig, seqs: set[int]) 
     return kept, {"stage": "decontaminate", "in": len(candidates), "kept": len(kept), "dropped": dict(dropped)}
 
 
-def filter_stage(store: BuildStore, config: BuildConfig, seqs: set[int], run: int = 0) -> tuple[set[int], dict]:
+def filter_stage(store: BuildStore, config: BuildConfig, seqs: set[int], run: int = 0,
+                 judges: StandingJudges | None = None) -> tuple[set[int], dict]:
     """Filter `run` more of the candidates `seqs` (the earliest not filtered yet), then report on all
     of them: (kept seqs, funnel entry). Candidates never filtered (the target was met without them)
     count as dropped `not_needed`, so the funnel adds up."""
@@ -519,7 +527,7 @@ def filter_stage(store: BuildStore, config: BuildConfig, seqs: set[int], run: in
     if todo:  # each pass of judges says its line (filter.pass_line)
         run_filter(todo, config.filter_config(), lambda task, result: store.add_filtered(task.sha256, result),
                    checked=store.checked(), on_checked=lambda task, measured: store.add_checked(task.sha256, measured),
-                   say=_say)
+                   say=_say, judges=judges)
         done = store.filtered()
     kept = {seq for seq, task in candidates if task.sha256 in done and done[task.sha256].keep}
     dropped = Counter(done[task.sha256].reason if task.sha256 in done else "not_needed"
@@ -746,21 +754,34 @@ def overlapped_rounds(store: BuildStore, seeds: list, config: BuildConfig) -> tu
     yield so far, and at the share of composed candidates that reach the filter (scale search, dedup,
     decontamination). `select`'s result."""
     labelled, stages = select(store, config)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudagym-filter") as filter_thread:
+    with build_judges(config) as judges, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudagym-filter") as filter_thread:
         for round_ in range(config.max_rounds):
             missing = config.target - len(labelled)
             if missing <= 0:
                 break
             first = compose_first(store, config, stages, missing)
             if first:
-                compose_stage(store, seeds, config, next_round(store), first)
+                compose_stage(store, seeds, config, next_round(store), first, judges)
                 labelled, stages = select(store, config)
             batch, ahead = round_plan(store, config, stages, missing, last=round_ + 1 == config.max_rounds)
             if batch:
-                compose_next = (lambda: compose_stage(store, seeds, config, next_round(store), ahead)) if ahead else None
-                filter_beside(store, config, batch, compose_next, filter_thread)
+                compose_next = (lambda: compose_stage(store, seeds, config, next_round(store), ahead, judges)) if ahead else None
+                filter_beside(store, config, batch, compose_next, filter_thread, judges)
             labelled, stages = select(store, config)
     return labelled, stages
+
+
+def build_judges(config: BuildConfig):
+    """The overlapped build's standing judges (`filter.standing_judges`), for what would otherwise start
+    judges of its own each round: the scale search's streamed probes, the filter's streamed passes (GPU
+    defaults, on this machine's pool). Nothing (a null context) where neither streams."""
+    filter_config = config.filter_config()
+    local = filter_config.runner == "local"
+    probes = config.scale_search and config.probes == "streamed" and local
+    if not (probes or filter_config.streams):
+        return contextlib.nullcontext()
+    return standing_judges(filter_config, probes=probes, checks=filter_config.streams)
 
 
 def compose_first(store: BuildStore, config: BuildConfig, stages: list[dict], missing: int) -> int:
@@ -776,13 +797,14 @@ def round_plan(store: BuildStore, config: BuildConfig, stages: list[dict], missi
     return batch, 0 if last or not batch else compose_ahead(store, config, stages, missing, batch)
 
 
-def filter_beside(store: BuildStore, config: BuildConfig, run: int, work, filter_thread: ThreadPoolExecutor) -> None:
+def filter_beside(store: BuildStore, config: BuildConfig, run: int, work, filter_thread: ThreadPoolExecutor,
+                  judges: StandingJudges | None = None) -> None:
     """Filter `run` more candidates on `filter_thread` while work() (the next round's composing), if
     any, runs in this thread; return when both are done. Ctrl-C, or work() failing, stops the filter's
     judges (what they finished is stored); a composer that stopped for its endpoint or call cap lets
     the filter finish first."""
     seqs, _ = decontaminate_stage(store, config, dedup_stage(store)[0])
-    filtering = filter_thread.submit(filter_stage, store, config, seqs, run)
+    filtering = filter_thread.submit(filter_stage, store, config, seqs, run, judges)
     try:
         if work is not None:
             work()

@@ -101,6 +101,17 @@ class FilterConfig:
         self.eval_config()  # device and the rest are checked where they are defined
 
     @property
+    def two_passes(self) -> bool:
+        """Whether this filter checks and times in two passes (two_pass None: on a GPU)."""
+        return self.device.startswith("cuda") if self.two_pass is None else self.two_pass
+
+    @property
+    def streams(self) -> bool:
+        """Whether its two passes stream to one feed of judges: on a local pool (a Ray worker sees no feed
+        folder of this machine), unless turned off."""
+        return self.two_passes and self.streamed is not False and self.runner == "local"
+
+    @property
     def window_ms(self) -> tuple[float, float]:
         default = CPU_WINDOW_MS if self.device == "cpu" else GPU_WINDOW_MS
         return (default[0] if self.min_eager_ms is None else self.min_eager_ms,
@@ -255,7 +266,7 @@ def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> 
 
 def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[[Task, FilterResult], None],
                checked: dict[str, dict] | None = None, on_checked: Callable[[Task, dict], None] | None = None,
-               say: Callable[[str], None] | None = None) -> None:
+               say: Callable[[str], None] | None = None, judges: "StandingJudges | None" = None) -> None:
     """Measure and decide every task on the runner's workers; on_result(task, result) runs in the
     calling thread, once per task, as results arrive (store them there: a killed run keeps them).
 
@@ -272,7 +283,8 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
     as `checked` ({task.sha256: measurement}) times them without checking and compiling them again
     (on the H200, 344 re-checked tasks cost 282 s of compile and 71 s of wall). `streamed` (None or True:
     local pools, by default) runs both passes on one feed of judges, each task timed as soon as its checks
-    pass (`run_streamed`); False runs them one after the other.
+    pass (`run_streamed`); False runs them one after the other. `judges`: a build's standing judges
+    (`standing_judges`), whose check feed streams the passes instead of a pool and feed of this call's own.
     say(line), if given, hears a `pass_line` as each pass ends."""
     from cudagym.eval.batch import open_pool, run_queue
 
@@ -307,16 +319,14 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         else:
             record(task, env, measured)
 
-    def run_streamed(to_check: list[Task], to_time: list[Task]) -> None:
-        """Both passes on one feed of `slots` judges: a task's timing goes in as its checks come back
-        passed. Results are handled here, in the calling thread (the store's writes, as with passes)."""
+    def run_streamed(to_check: list[Task], to_time: list[Task], env: dict, feed) -> None:
+        """Both passes on one feed of judges: a task's timing goes in as its checks come back passed.
+        Results are handled here, in the calling thread (the store's writes, as with passes)."""
         from cudagym.eval.evaluate import Interrupted
-        from cudagym.eval.feed import judge_feed
 
         answers: queue.Queue = queue.Queue()
         with reported_pass(say, "filter checks, streamed", len(to_check)) as seen_check, \
-                reported_pass(say, "filter timing, streamed", None) as seen_time, \
-                judge_feed(pool.worker.config, "filter-check", slots) as feed:
+                reported_pass(say, "filter timing, streamed", None) as seen_time:
             def submit(task: Task, mode: str) -> None:
                 feed.submit(task, lambda result: answers.put((task, mode, result)), mode=mode)
 
@@ -335,22 +345,29 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
                 outstanding -= 1
                 if mode == "filter-time":
                     seen_time(measured)
-                    record(task, pool.worker.env, measured)
+                    record(task, env, measured)
                     continue
                 seen_check(measured)
-                record_checked(task, pool.worker.env, measured)
+                record_checked(task, env, measured)
                 if task.sha256 in checked:  # passed: timed next
                     submit(task, "filter-time")
                     outstanding += 1
 
+    if judges is not None and judges.checks is not None:
+        run_streamed([t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked],
+                     judges.check_pool.worker.env, judges.checks)
+        return
+    from cudagym.eval.feed import judge_feed
+
     with open_pool(eval_config, config.parallel, config.runner, config.address) as pool:
         slots = pool.n_workers * config.parallel
-        two_pass = config.device.startswith("cuda") if config.two_pass is None else config.two_pass
-        if not two_pass:  # the CPU (no GPU lock to wait for), or one pass asked for
+        if not config.two_passes:  # the CPU (no GPU lock to wait for), or one pass asked for
             run_pass(tasks, slots, even_chunk(len(tasks), slots, config.chunk), "filter", record, "filter")
             return
-        if config.streamed is not False and getattr(pool, "in_process", False):
-            run_streamed([t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked])
+        if config.streams:
+            with judge_feed(pool.worker.config, "filter-check", slots) as feed:
+                run_streamed([t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked],
+                             pool.worker.env, feed)
             return
         to_check = [t for t in tasks if t.sha256 not in checked]
         if to_check:
@@ -397,20 +414,56 @@ def probe_ms(result: dict | None) -> float | None:
 
 
 @contextlib.contextmanager
-def streamed_probes(pool, config: FilterConfig, say: Callable[[str], None] | None = None):
+def streamed_probes(pool, config: FilterConfig, say: Callable[[str], None] | None = None, feed=None):
     """The scale search's probes streamed (`scale.size_chains(stream=...)`): yields stream(task, answer),
     which sends the task to one set of long-lived judges (`feed.judge_feed`, `config.parallel` of them on
     the local pool's machine) and calls answer(eager ms or None) when it is timed, as `eager_times` would
     time it. The judges start at once and serve the whole search, so no probe waits for a wave's slowest
-    or a new judge's start. say(line), if given, hears one `pass_line` over every probe at the end."""
+    or a new judge's start. say(line), if given, hears one `pass_line` over every probe at the end.
+    feed: a build's standing probe judges (`standing_judges`) instead of a feed of its own."""
     from cudagym.eval.feed import judge_feed
 
     with reported_pass(say, "scale search probes, streamed", None, PROBE_PHASES) as seen, \
-            judge_feed(pool.worker.config, "filter-probe", config.parallel) as feed:
+            (contextlib.nullcontext(feed) if feed is not None else
+             judge_feed(pool.worker.config, "filter-probe", config.parallel)) as feed:
         def stream(task: Task, answer: Callable[[float | None], None]) -> None:
             feed.submit(task, lambda result: (seen(result), answer(probe_ms(result))))
 
         yield stream
+
+
+@dataclass
+class StandingJudges:
+    """A build's long-lived judges on this machine, kept across its rounds (`standing_judges`): the scale
+    search's probe feed and the filter's check-and-timing feed, with the pools whose settings they run."""
+    probe_pool: object = None
+    probes: object = None  # feed.JudgeFeed in "filter-probe" mode, or None: the build sizes nothing by search
+    check_pool: object = None
+    checks: object = None  # feed.JudgeFeed in "filter-check" mode, or None: the filter does not stream
+
+
+@contextlib.contextmanager
+def standing_judges(config: FilterConfig, probes: bool, checks: bool):
+    """Judges that serve every round of a build (on a local pool): `probes`, a feed for the scale search's
+    probes (`streamed_probes`), `checks`, one for the filter's streamed passes (`run_filter`). Each round
+    used to start its own: on the H100 (session 33) 16 probe judges and 16 filter judges a round, 8-12 s
+    each under a load of 20 on 16 cores (250-280 judge-s of a ~100-s round's CPU), and at every round's
+    start the GPU stood empty while they did. The judges start at once, beside the build's first compose.
+    Closed with the build (every task answered); stopped if it raised (Ctrl-C)."""
+    from cudagym.eval.batch import open_pool
+    from cudagym.eval.feed import judge_feed
+
+    with contextlib.ExitStack() as stack:
+        judges = StandingJudges()
+        if checks:
+            judges.check_pool = stack.enter_context(open_pool(config.eval_config(), config.parallel))
+            judges.checks = stack.enter_context(judge_feed(judges.check_pool.worker.config, "filter-check",
+                                                           config.parallel))
+        if probes:
+            judges.probe_pool = stack.enter_context(open_pool(config.probe_config(), config.parallel))
+            judges.probes = stack.enter_context(judge_feed(judges.probe_pool.worker.config, "filter-probe",
+                                                           config.parallel))
+        yield judges
 
 
 def with_measurement(task: Task, result: FilterResult) -> Task:

@@ -262,3 +262,29 @@ def test_a_composed_candidate_in_a_stored_ones_cluster_is_never_probed(tmp_path)
         assert (found["reason"], found["probes"], found["task"]) == (STORED_DUPLICATE, {}, None)
         counts = scale_counts(store, [resized])
         assert counts["scale_in"] == 1 and counts["scale_kept"] == 0 and counts[f"scale_dropped_{STORED_DUPLICATE}"] == 1
+
+
+@pytest.mark.slow
+def test_the_standing_judges_serve_every_round_of_a_streamed_build(tmp_path, kernelbench_path, monkeypatch):
+    """An overlapped build whose scale search and filter passes stream (the GPU defaults; asked for here
+    on the CPU) starts its probe judges and its filter judges once, for all its rounds: no more judges
+    of either than --parallel (a round used to start its own), and a rerun after it still completes."""
+    from cudagym.eval import feed
+
+    started: list[str] = []
+    run_judge = feed._run_judge_once
+    monkeypatch.setattr(feed, "_run_judge_once", lambda request, *a, **k: (started.append(request["mode"]),
+                                                                          run_judge(request, *a, **k))[1])
+    config = _config(tmp_path, overlap=True, round_size=4, scale_search=True, max_scale=4, scale_start=1,
+                     scale_probes=2, filter_passes=2, filter_stream=True)
+    funnel = build_dataset(config)
+    assert funnel["status"] == "complete" and len(read_build_rows(tmp_path / "dataset")) == 6
+    db = duckdb.connect(str(tmp_path / "build.duckdb"), read_only=True)
+    filtered_rounds = db.execute("SELECT count(DISTINCT round) FROM candidates JOIN filtered USING (sha256)").fetchone()[0]
+    probed_rounds = db.execute("SELECT count(DISTINCT round) FROM candidates JOIN sized USING (sha256)").fetchone()[0]
+    db.close()
+    assert filtered_rounds >= 2 and probed_rounds >= 2, (filtered_rounds, probed_rounds)
+    assert 1 <= started.count("filter-probe") <= config.parallel, started
+    assert 1 <= started.count("filter-check") <= config.parallel, started
+    assert set(started) == {"filter-probe", "filter-check"}
+    assert not evaluate._LIVE_JUDGES and not [t for t in threading.enumerate() if t.name.startswith("fed-judge")]
