@@ -27,6 +27,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -319,14 +320,15 @@ def plot(r: dict, path: Path) -> None:
     colours = plt.get_cmap("tab10")
     for i, setup in enumerate(dict.fromkeys(labels)):
         mine = [(c["call"], c["kept_per_gpu_min"] or 0) for c, label in zip(calls, labels) if label == setup]
-        right.bar([n for n, _ in mine], [v for _, v in mine], color=colours(i % 10),
-                  label=setup if len(setup) <= 60 else setup[:57] + "...")
+        # setups differ in their last words (what a session changed): wrapped whole, never cut
+        right.bar([n for n, _ in mine], [v for _, v in mine], color=colours(i % 10), label="\n".join(textwrap.wrap(setup, 70)))
     right.axhline(target, linestyle="--", color="grey")
-    right.set_ylim(0, 1.6 * max([target] + [c["kept_per_gpu_min"] or 0 for c in calls]))  # the legend above the target
+    right.set_ylim(0, 1.15 * max([target] + [c["kept_per_gpu_min"] or 0 for c in calls]))
     right.set(xlabel="call", ylabel="kept per GPU-minute", title="each call, by setup")
-    right.legend(loc="upper left", fontsize=7)
+    right.xaxis.set_major_locator(plt.MaxNLocator(integer=True))  # calls are numbered
+    right.legend(loc="upper left", bbox_to_anchor=(0.0, -0.27), fontsize=7)  # below the bars
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
