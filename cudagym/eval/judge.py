@@ -303,7 +303,7 @@ FOOTPRINT_FACTORS = {"eval": (14, 4), "baseline": (8, 2), "warm": (4, 2), "filte
 # the most each judge allocated over weights + 3 inputs + 4 outputs + the forward's peak had median 1.00,
 # p75 1.04; with 2 input sets, median 1.17 and 41 of 95 over 1.25x.
 FILTER_SETS = {"filter": (3, 4), "filter-check": (3, 4), "filter-time": (3, 4), "filter-probe": (2, 2),
-               # a check task's compile, after its checks (`_compile_checked`): set b, which the compiled
+               # a check task's compile, after its checks (`_check_and_compile`): set b, which the compiled
                # model's first call runs on, and the reference's outputs for it; the call's own are in the peak
                "filter-compile": (1, 1)}
 # Over what the meta forward counts: the caching allocator's rounding and cached blocks, a library's
@@ -1438,15 +1438,16 @@ def _check_task(ev: Evaluation, out: dict, a: list, b: list):
 def measure_task(ev: Evaluation, timed: bool = True, checked: bool = False) -> dict:
     """What the dataset filter needs to know about a task, measured in this sandboxed process; the
     keep/drop decision is the driver's (`cudagym.synth.filter.decide`). Stops at the first failing
-    stage and names it: eager, ops, determinism, outputs, compile, timing. Untimed, a task that
-    passes every check stops at stage "checked"; `checked` (a GPU filter's second pass, the checks
-    done in its first) skips the checks and only compiles and times. wait_s: seconds spent waiting
+    stage and names it: eager, ops, determinism, outputs, compile, timing. Untimed (a GPU filter's
+    first pass, `_check_and_compile`), a task that passes every check stops at stage "checked"; timed,
+    `checked` (a GPU filter's second pass, the checks done in its first) skips the checks and only
+    compiles and times. wait_s: seconds spent waiting
     for the GPU lock; slow_call_s: set when the first eager call and a warm one after it both took
     longer than the request's slow_call_s (then nothing else is measured)."""
     out: dict = {"stage": "eager", "wait_s": 0.0}
     try:
-        if timed or checked:
-            _measure_task(ev, out, timed, checked)
+        if timed:
+            _measure_task(ev, out, checked)
         else:
             _check_and_compile(ev, out)
     except Exception as exc:  # the task's own failure, at the stage it reached
@@ -1501,7 +1502,7 @@ def _check_and_compile(ev: Evaluation, out: dict) -> None:
         out["stage"] = "checked"
 
 
-def _measure_task(ev: Evaluation, out: dict, timed: bool, checked: bool) -> None:
+def _measure_task(ev: Evaluation, out: dict, checked: bool) -> None:
     req = ev.req
     t0 = time.perf_counter()
     with gpu_lock(req.lock_path, exclusive=req.exclusive):
@@ -1526,9 +1527,6 @@ def _measure_task(ev: Evaluation, out: dict, timed: bool, checked: bool) -> None
             out["compile_mismatch"] = checks.compare(run_reference(compiled, b), ref_b, ev.tol)
         if out["compile_mismatch"]:
             return
-    if not timed:
-        out["stage"] = "checked"
-        return
     out["stage"] = "timing"
     t0 = time.perf_counter()
     with timing_turn(req):
@@ -1590,7 +1588,8 @@ def probe_task(ev: Evaluation) -> dict:
 def task_memory(ev: Evaluation) -> dict:
     """What a filter task reserved of the GPU's memory budget (`share_gib`, footprint_bytes' estimate), the
     share it lowered that to for its compile (`compile_gib`, check tasks), and the most its judge's
-    allocator held while it ran (`peak_gib`; CUDA contexts apart, which the share counts as CONTEXT_BYTES): the estimate admits judges, so an estimate far above the peak keeps judges
+    allocator held while it ran (`peak_gib`; CUDA contexts apart, which the share counts as
+    CONTEXT_BYTES): the estimate admits judges, so an estimate far above the peak keeps judges
     waiting for memory nobody uses. On the H100's 68 GiB budget the filter's checks, charged an
     evaluation's 14x their inputs, reserved a median 11.6 GiB (session 28, from the build's candidates on
     meta tensors): five such judges at once of sixteen. {} on the CPU."""

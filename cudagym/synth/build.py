@@ -754,6 +754,8 @@ def overlapped_rounds(store: BuildStore, seeds: list, config: BuildConfig) -> tu
     yield so far, and at the share of composed candidates that reach the filter (scale search, dedup,
     decontamination). `select`'s result."""
     labelled, stages = select(store, config)
+    if len(labelled) >= config.target:  # nothing to do: no standing judges started for it
+        return labelled, stages
     with build_judges(config) as judges, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudagym-filter") as filter_thread:
         for round_ in range(config.max_rounds):

@@ -319,11 +319,13 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         else:
             record(task, env, measured)
 
-    def run_streamed(to_check: list[Task], to_time: list[Task], env: dict, feed) -> None:
-        """Both passes on one feed of judges: a task's timing goes in as its checks come back passed.
-        Results are handled here, in the calling thread (the store's writes, as with passes)."""
+    def run_streamed(env: dict, feed) -> None:
+        """Both passes on one feed of judges: a task's timing goes in as its checks come back passed
+        (those checked before, at once). Results are handled here, in the calling thread (the store's
+        writes, as with passes)."""
         from cudagym.eval.evaluate import Interrupted
 
+        to_check, to_time = [t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked]
         answers: queue.Queue = queue.Queue()
         with reported_pass(say, "filter checks, streamed", len(to_check)) as seen_check, \
                 reported_pass(say, "filter timing, streamed", None) as seen_time:
@@ -354,8 +356,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
                     outstanding += 1
 
     if judges is not None and judges.checks is not None:
-        run_streamed([t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked],
-                     judges.check_pool.worker.env, judges.checks)
+        run_streamed(judges.check_pool.worker.env, judges.checks)
         return
     from cudagym.eval.feed import judge_feed
 
@@ -366,8 +367,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
             return
         if config.streams:
             with judge_feed(pool.worker.config, "filter-check", slots) as feed:
-                run_streamed([t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked],
-                             pool.worker.env, feed)
+                run_streamed(pool.worker.env, feed)
             return
         to_check = [t for t in tasks if t.sha256 not in checked]
         if to_check:
