@@ -152,18 +152,20 @@ def test_ctrl_c_while_composing_stops_the_filter_and_keeps_what_it_finished(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "sequential"])
-def test_a_build_stopped_mid_round_publishes_every_row_its_store_holds(tmp_path, kernelbench_path, overlap):
+@pytest.mark.parametrize("overlap,flags", [(True, {}), (False, {}), (True, {"filter_passes": 2, "filter_stream": True})],
+                         ids=["overlapped", "sequential", "standing-judges"])
+def test_a_build_stopped_mid_round_publishes_every_row_its_store_holds(tmp_path, kernelbench_path, overlap, flags):
     """A build resumed with rows stored, then stopped by a real SIGINT (Ctrl-C, a time limit's `timeout
     -s INT`) while its round filters a candidate that hangs: it publishes the rows its store holds, with
     the whole funnel, not the empty selection its unfinished round began with (on the H100 in session 31
-    a stopped overlapped build published 0 of its 1,255 stored rows)."""
+    a stopped overlapped build published 0 of its 1,255 stored rows). With streamed passes the build's
+    standing judges are stopped with it: no judge and no feed thread left."""
     import os
     import signal
 
-    assert build_dataset(_config(tmp_path, target=2, overlap=overlap))["status"] == "complete"
+    assert build_dataset(_config(tmp_path, target=2, overlap=overlap, **flags))["status"] == "complete"
     with BuildStore(tmp_path / "build.duckdb") as store:
-        stored = len(select(store, _config(tmp_path, target=2, overlap=overlap))[0])  # a round may keep more than asked
+        stored = len(select(store, _config(tmp_path, target=2, overlap=overlap, **flags))[0])  # a round may keep more than asked
         store.add_candidates([Task(id="synth/hangs", name="hangs", code=HANGS, source="synth",
                                    provenance={"seed_ids": [], "k": 1})], max(store.rounds()) + 1)
 
@@ -176,7 +178,7 @@ def test_a_build_stopped_mid_round_publishes_every_row_its_store_holds(tmp_path,
 
     watcher = threading.Thread(target=ctrl_c_once_a_judge_runs, daemon=True)
     watcher.start()
-    funnel = build_dataset(_config(tmp_path, target=stored + 1, overlap=overlap))
+    funnel = build_dataset(_config(tmp_path, target=stored + 1, overlap=overlap, **flags))
     watcher.join(5)
     assert funnel.get("stopped") == "interrupted" and "0 rows kept" not in funnel["note"], funnel
     stages = {s["stage"]: s for s in funnel["stages"]}
@@ -184,6 +186,7 @@ def test_a_build_stopped_mid_round_publishes_every_row_its_store_holds(tmp_path,
     assert stages["publish"]["kept"] == stored >= 2 and stages["filter"]["kept"] == stored
     assert len(read_build_rows(tmp_path / "dataset")) == stored
     assert not evaluate._LIVE_JUDGES
+    assert not [t for t in threading.enumerate() if t.name.startswith("fed-judge")]
 
 
 @pytest.mark.slow
