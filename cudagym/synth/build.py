@@ -41,7 +41,7 @@ import duckdb
 
 from cudagym.synth.compose import PAPER_K_DISTRIBUTION, TRANSFORMERS_SHARE, ComposeConfig, ComposeStep, ComposeStopped
 from cudagym.synth.labels import data_source_of, ops_from_code
-from cudagym.synth.filter import FilterConfig, FilterResult, StandingJudges, run_filter, standing_judges
+from cudagym.synth.filter import FilterConfig, FilterResult, FilterStream, StandingJudges, run_filter, standing_judges
 from cudagym.tasks import Task, TaskError, sha256_text
 from cudagym.tasks.db import connect, interrupted
 
@@ -758,6 +758,8 @@ def overlapped_rounds(store: BuildStore, seeds: list, config: BuildConfig) -> tu
         return labelled, stages
     with build_judges(config) as judges, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudagym-filter") as filter_thread:
+        if judges is not None and judges.checks is not None:
+            return streamed_rounds(store, seeds, config, judges, filter_thread)
         for round_ in range(config.max_rounds):
             missing = config.target - len(labelled)
             if missing <= 0:
@@ -772,6 +774,95 @@ def overlapped_rounds(store: BuildStore, seeds: list, config: BuildConfig) -> tu
                 filter_beside(store, config, batch, compose_next, filter_thread, judges)
             labelled, stages = select(store, config)
     return labelled, stages
+
+
+def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges: StandingJudges,
+                    filter_thread: ThreadPoolExecutor) -> tuple[list[tuple[int, Task]], list[dict]]:
+    """Overlapped rounds without a barrier between them, where the filter streams to standing judges:
+    one `filter.FilterStream` serves the whole build (its answers stored on `filter_thread`), each round's
+    candidates go into it the moment the round has composed and sized them, and the next round composes
+    at once, while the filter works through what it has (at most `stream_backlog` candidates ahead of
+    it). With a barrier, each round waited for the slower of its filter and the next round's sizing, and
+    both end in a tail: on the H100 (session 33) a round's checks were half done 5-10 s in and its last
+    timing 35-50 s in, its probes half done at 16-25 s and the last at 37-45 s; the GPU was busy in 16 of
+    27 samples. A round composes what the missing rows need beyond the candidates waiting and in flight
+    (at the filter's yield and the composing's survival so far); once enough are in flight, the build
+    waits for their decisions instead. `select`'s result."""
+    filter_config = config.filter_config()
+    stream = FilterStream(judges.checks, judges.check_pool.worker.env, filter_config,
+                          on_result=lambda task, result: store.add_filtered(task.sha256, result),
+                          checked=store.checked(), on_checked=lambda task, measured: store.add_checked(task.sha256, measured),
+                          say=_say)
+    serving = filter_thread.submit(stream.serve)
+    rounds = 0
+    try:
+        labelled, stages = select(store, config)
+        while True:
+            missing = config.target - len(labelled)
+            if missing <= 0 and not stream.outstanding:
+                break
+            rate = filter_rate(store)
+            waiting = waiting_candidates(store, config, stages, stream)
+            # feed the filter what the missing rows need, beyond what it already has
+            room = filter_batch(store, config, math.ceil(max(0.0, missing - stream.outstanding * rate)))
+            stream.add(waiting[:room])
+            short = missing - stream.outstanding * rate - max(0, len(waiting) - room) * rate
+            if rounds >= config.max_rounds or short <= 0:  # nothing more to compose: wait for the decisions
+                if not stream.outstanding:
+                    break
+                _wait_for(stream, serving, lambda: not stream.outstanding)
+            else:
+                # at most a backlog's worth ahead of the filter: a stop loses the candidates in flight's work
+                _wait_for(stream, serving, lambda: stream.outstanding <= stream_backlog(config))
+                n = compose_count(config, stages, filter_batch(store, config, math.ceil(short)))
+                if rounds == 0 and not stream.outstanding:  # the filter idles until this round is sized: a third
+                    n = math.ceil(n / 3)  # of a round reaches it sooner (a call's start: on the H100 53 s to the first decision)
+                compose_stage(store, seeds, config, next_round(store), n, judges)
+                rounds += 1
+            stream.report()
+            labelled, stages = select(store, config)
+        stream.close()
+        serving.result()
+    except ComposeStopped as e:
+        stream.close()
+        if e.reason != "interrupted":
+            _finish(serving)
+        else:
+            _stop(serving)
+        raise
+    except BaseException:
+        stream.close()
+        _stop(serving)
+        stream.report(stopped=True)
+        raise
+    return select(store, config)
+
+
+def stream_backlog(config: BuildConfig) -> int:
+    """Candidates a streamed build lets wait in the filter (added, not yet decided) before it composes
+    the next round: a round's worth of what reaches the filter (about half a round of 150 on the H100,
+    session 33), enough to keep the judges busy while the next round composes and sizes."""
+    return max(2 * config.parallel, (config.round_size or 150) // 2)
+
+
+def waiting_candidates(store: BuildStore, config: BuildConfig, stages: list[dict], stream: FilterStream) -> list[Task]:
+    """The candidates past dedup and decontamination that the filter has not decided and that are not in
+    the stream, in compose order."""
+    if not unfiltered(stages):
+        return []
+    seqs, _ = decontaminate_stage(store, config, dedup_stage(store)[0])
+    done = store.filtered()
+    return [task for seq, task in store.candidates()
+            if seq in seqs and task.sha256 not in done and task.sha256 not in stream]
+
+
+def _wait_for(stream: FilterStream, serving: Future, ready) -> None:
+    """Wait until ready() holds; the stream's serving thread failing (its judges stopped) raises its error."""
+    while not stream.wait_until(lambda: ready() or serving.done(), timeout_s=1.0):
+        pass
+    if serving.done() and not ready():
+        serving.result()  # raises what ended it
+        raise RuntimeError("the filter stream ended with candidates still in flight")
 
 
 def build_judges(config: BuildConfig):

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import math
 import queue
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -300,15 +301,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
 
     def record(task: Task, env: dict, measured: dict) -> None:
         if task.sha256 in checked and "stage" in measured:  # pass 2 timed what pass 1 checked: one measurement
-            # its compile is the real cost (pass 2's is a cache hit); waits, inputs and judge starts add up
-            first, second = checked[task.sha256], measured
-            measured = {**first, **second, "compile_s": first.get("compile_s") or second.get("compile_s"),
-                        **{k: first.get(k, 0.0) + second.get(k, 0.0) for k in ("wait_s", "admit_s", "inputs_s", "task_s", "release_s")},
-                        **{k: max(m.get(k) or 0.0 for m in (first, second)) for k in MEMORY if k in first or k in second}}
-            starts = [m["start_s"] for m in (first, second) if m.get("start_s") is not None]
-            measured.pop("start_s", None)
-            if starts:
-                measured["start_s"] = sum(starts)
+            measured = merged_measurement(checked[task.sha256], measured)
         on_result(task, decide(measured, config.window_ms, env.get("gpu", "")))
 
     def record_checked(task: Task, env: dict, measured: dict) -> None:
@@ -320,40 +313,16 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
             record(task, env, measured)
 
     def run_streamed(env: dict, feed) -> None:
-        """Both passes on one feed of judges: a task's timing goes in as its checks come back passed
-        (those checked before, at once). Results are handled here, in the calling thread (the store's
-        writes, as with passes)."""
-        from cudagym.eval.evaluate import Interrupted
-
-        to_check, to_time = [t for t in tasks if t.sha256 not in checked], [t for t in tasks if t.sha256 in checked]
-        answers: queue.Queue = queue.Queue()
-        with reported_pass(say, "filter checks, streamed", len(to_check)) as seen_check, \
-                reported_pass(say, "filter timing, streamed", None) as seen_time:
-            def submit(task: Task, mode: str) -> None:
-                feed.submit(task, lambda result: answers.put((task, mode, result)), mode=mode)
-
-            for task in to_time:
-                submit(task, "filter-time")
-            for task in to_check:
-                submit(task, "filter-check")
-            outstanding = len(to_time) + len(to_check)
-            while outstanding:
-                try:
-                    task, mode, measured = answers.get(timeout=1.0)
-                except queue.Empty:
-                    if feed.ended():  # its judges were stopped (Ctrl-C in another thread): nothing more comes
-                        raise Interrupted() from None
-                    continue
-                outstanding -= 1
-                if mode == "filter-time":
-                    seen_time(measured)
-                    record(task, env, measured)
-                    continue
-                seen_check(measured)
-                record_checked(task, env, measured)
-                if task.sha256 in checked:  # passed: timed next
-                    submit(task, "filter-time")
-                    outstanding += 1
+        """Both passes on one feed of judges (`FilterStream`), its answers handled in this thread."""
+        stream = FilterStream(feed, env, config, on_result, checked, on_checked, say)
+        stream.add(tasks)
+        stream.close()
+        try:
+            stream.serve()
+        except BaseException:
+            stream.report(stopped=True)
+            raise
+        stream.report()
 
     if judges is not None and judges.checks is not None:
         run_streamed(judges.check_pool.worker.env, judges.checks)
@@ -377,6 +346,130 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         if to_time:
             timers = pool.n_workers * min(config.parallel, config.timing_judges)
             run_pass(to_time, timers, math.ceil(len(to_time) / timers), "filter-time", record, "filter timing pass")
+
+
+def merged_measurement(first: dict, second: dict) -> dict:
+    """One measurement of a task whose pass 1 (checks and compile) and pass 2 (timing) ran apart: its
+    compile is pass 1's (pass 2's is a cache hit); waits, inputs, task time and judge starts add up."""
+    measured = {**first, **second, "compile_s": first.get("compile_s") or second.get("compile_s"),
+                **{k: first.get(k, 0.0) + second.get(k, 0.0) for k in ("wait_s", "admit_s", "inputs_s", "task_s", "release_s")},
+                **{k: max(m.get(k) or 0.0 for m in (first, second)) for k in MEMORY if k in first or k in second}}
+    starts = [m["start_s"] for m in (first, second) if m.get("start_s") is not None]
+    measured.pop("start_s", None)
+    if starts:
+        measured["start_s"] = sum(starts)
+    return measured
+
+
+class FilterStream:
+    """The filter's two passes streamed to one feed of judges (`feed.JudgeFeed` in "filter-check" mode),
+    open-ended: tasks go in (`add`) while earlier ones are being decided, each task's timing goes in as
+    its checks come back passed (a task checked before, `checked`, is timed at once), and `serve`, in one
+    thread, handles the answers: on_checked(task, measurement) as a task passes its checks,
+    on_result(task, FilterResult) as it is decided (the store's writes, all in that thread). `close`:
+    no more tasks; `serve` returns when every task added is decided. A feed whose judges were stopped
+    (Ctrl-C elsewhere) makes `serve` raise `Interrupted`.
+
+    `run_filter` streams a fixed list through one; an overlapped build keeps one for all its rounds
+    (`build.streamed_rounds`), adding each round's candidates as they are sized: with a stream per round,
+    a round's last checks and timings (on the H100 in session 33, half a round's candidates were checked
+    5-10 s into the round and the last timed 35-50 s in) held back the next round's candidates."""
+
+    def __init__(self, feed, env: dict, config: FilterConfig, on_result: Callable[[Task, "FilterResult"], None],
+                 checked: dict[str, dict] | None = None, on_checked: Callable[[Task, dict], None] | None = None,
+                 say: Callable[[str], None] | None = None):
+        self.feed, self.env, self.config, self.say = feed, env, config, say
+        self.on_result, self.on_checked = on_result, on_checked
+        self.checked = dict(checked or {})  # pass 1's measurements of tasks not yet timed, by sha256
+        self.answers: queue.Queue = queue.Queue()
+        self.cond = threading.Condition()
+        self.in_flight: dict[str, Task] = {}  # added, not decided yet, by sha256
+        self.closed = False
+        self._reset_report()
+
+    def _reset_report(self) -> None:
+        self.t0 = time.monotonic()
+        self.seen = {"filter-check": ([], []), "filter-time": ([], [])}  # mode -> (measurements, seconds in)
+
+    def __contains__(self, sha: str) -> bool:
+        with self.cond:
+            return sha in self.in_flight
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks added and not decided yet."""
+        with self.cond:
+            return len(self.in_flight)
+
+    def add(self, tasks: Iterable[Task]) -> int:
+        """Send tasks to the judges (those already in flight are skipped); how many went."""
+        sent = 0
+        for task in tasks:
+            with self.cond:
+                if self.closed:
+                    raise RuntimeError("the filter stream is closed")
+                if task.sha256 in self.in_flight:
+                    continue
+                self.in_flight[task.sha256] = task
+            self._submit(task, "filter-time" if task.sha256 in self.checked else "filter-check")
+            sent += 1
+        return sent
+
+    def _submit(self, task: Task, mode: str) -> None:
+        self.feed.submit(task, lambda result: self.answers.put((task, mode, result)), mode=mode)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        """Wait (in another thread than `serve`'s) until ready() holds, checked as each task is decided
+        and on close; whether it holds."""
+        with self.cond:
+            return self.cond.wait_for(ready, timeout=timeout_s)
+
+    def serve(self) -> None:
+        """Handle the answers as they come, until closed and every task added is decided."""
+        from cudagym.eval.evaluate import Interrupted
+
+        while True:
+            with self.cond:
+                if self.closed and not self.in_flight:
+                    return
+            try:
+                task, mode, measured = self.answers.get(timeout=1.0)
+            except queue.Empty:
+                if self.feed.ended():  # its judges were stopped (Ctrl-C in another thread): nothing more comes
+                    raise Interrupted() from None
+                continue
+            self._handle(task, mode, measured)
+
+    def _handle(self, task: Task, mode: str, measured: dict) -> None:
+        measurements, done_at = self.seen[mode]
+        measurements.append(measured)
+        done_at.append(time.monotonic() - self.t0)
+        if mode == "filter-check" and measured.get("stage") == "checked" and not measured.get("error"):
+            self.checked[task.sha256] = measured
+            if self.on_checked:
+                self.on_checked(task, measured)
+            self._submit(task, "filter-time")  # passed: timed next
+            return
+        if task.sha256 in self.checked and "stage" in measured:  # pass 2 timed what pass 1 checked
+            measured = merged_measurement(self.checked.pop(task.sha256), measured)
+        self.on_result(task, decide(measured, self.config.window_ms, self.env.get("gpu", "")))
+        with self.cond:
+            self.in_flight.pop(task.sha256, None)
+            self.cond.notify_all()
+
+    def report(self, stopped: bool = False) -> None:
+        """Say a `pass_line` for the checks and one for the timings answered since the last report."""
+        if self.say:
+            seconds = time.monotonic() - self.t0
+            for mode, what in (("filter-check", "filter checks, streamed"), ("filter-time", "filter timing, streamed")):
+                measurements, done_at = self.seen[mode]
+                self.say(pass_line(what, None, seconds, measurements, stopped, PHASES, done_at))
+        self._reset_report()
 
 
 def even_chunk(n: int, slots: int, most: int) -> int:

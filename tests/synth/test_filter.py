@@ -166,14 +166,14 @@ def test_streamed_passes_decide_as_one_and_time_each_task_as_its_checks_pass(fil
     good = results["good"]
     assert good.t_eager_ms > 0 and good.t_compile_ms > 0 and good.timing_s > 0 and good.compile_s > 0
     assert all(r.timing_s is None for r in results.values() if not r.keep)
-    assert [line.split(":")[0] for line in lines] == ["filter timing, streamed", "filter checks, streamed"], lines
-    assert lines[0].startswith(f"filter timing, streamed: {len(kept_one)} in ")
-    assert lines[1].startswith(f"filter checks, streamed: {len(tasks)} in ")
+    assert [line.split(":")[0] for line in lines] == ["filter checks, streamed", "filter timing, streamed"], lines
+    assert lines[0].startswith(f"filter checks, streamed: {len(tasks)} in ")
+    assert lines[1].startswith(f"filter timing, streamed: {len(kept_one)} in ")
     again, lines = {}, []
     run_filter([TASKS["good"]], config, lambda task, result: again.__setitem__(task.id, result),
                checked={TASKS["good"].sha256: checked["good"]}, say=lines.append)
     assert again["good"].keep and again["good"].compile_s == checked["good"]["compile_s"]  # pass 1's compile
-    assert lines[0].startswith("filter timing, streamed: 1 in ") and lines[1].startswith("filter checks, streamed: 0 in ")
+    assert lines[0].startswith("filter checks, streamed: 0 in ") and lines[1].startswith("filter timing, streamed: 1 in ")
 
 
 @pytest.mark.slow

@@ -291,3 +291,102 @@ def test_the_standing_judges_serve_every_round_of_a_streamed_build(tmp_path, ker
     assert 1 <= started.count("filter-check") <= config.parallel, started
     assert set(started) == {"filter-probe", "filter-check"}
     assert not evaluate._LIVE_JUDGES and not [t for t in threading.enumerate() if t.name.startswith("fed-judge")]
+
+
+def _small_task(name: str, forward: str) -> Task:
+    code = f'''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return {forward}
+
+
+def get_inputs():
+    return [torch.randn(16, 32)]
+
+
+def get_init_inputs():
+    return []
+'''
+    return Task(id=name, name=name, code=code, source="test")
+
+
+@pytest.mark.slow
+def test_a_filter_stream_takes_tasks_while_it_decides_earlier_ones():
+    """FilterStream on real judges (the check feed of `standing_judges`): tasks added while earlier ones
+    are decided are decided too, each once; one added again while in flight goes in once; a task that
+    passes its checks is timed and kept, a degenerate one dropped without timing; `serve` returns once
+    closed and every task is decided."""
+    from cudagym.synth.filter import FilterConfig, FilterStream, standing_judges
+
+    config = FilterConfig(device="cpu", parallel=2, task_timeout_s=180.0, seed=1, two_pass=True, min_eager_ms=0.0)
+    good, zeros, other = (_small_task("good", "torch.tanh(x) * 2 + x"), _small_task("zeros", "x * 0.0"),
+                          _small_task("other", "torch.sigmoid(x) * 3 - x"))
+    decided: dict[str, list] = {}
+    checked: list[str] = []
+    with standing_judges(config, probes=False, checks=True) as judges, ThreadPoolExecutor(1) as thread:
+        stream = FilterStream(judges.checks, judges.check_pool.worker.env, config,
+                              on_result=lambda task, result: decided.setdefault(task.id, []).append(result),
+                              on_checked=lambda task, measured: checked.append(task.id))
+        serving = thread.submit(stream.serve)
+        assert stream.add([good, zeros]) == 2
+        assert stream.add([good]) == 0  # in flight already
+        assert stream.wait_until(lambda: len(decided) >= 1, timeout_s=300)
+        assert stream.add([other]) == 1  # while the first ones may still be in flight
+        stream.close()
+        serving.result(timeout=300)
+    assert {k: len(v) for k, v in decided.items()} == {"good": 1, "zeros": 1, "other": 1}
+    assert decided["good"][0].keep and decided["other"][0].keep and decided["good"][0].t_eager_ms > 0
+    assert decided["zeros"][0].reason == "degenerate_zeros" and decided["zeros"][0].timing_s is None
+    assert sorted(checked) == ["good", "other"] and stream.outstanding == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        stream.add([good])
+
+
+@pytest.mark.slow
+def test_a_streamed_build_sends_each_round_to_the_filter_without_waiting_for_the_round_before(
+        tmp_path, kernelbench_path, monkeypatch):
+    """Where the filter streams (the GPU default), the build keeps one FilterStream for all its rounds and
+    adds a round's candidates while the earlier ones are still being decided (no barrier between
+    rounds), composing the next round only while at most `stream_backlog` candidates wait in the filter.
+    The filter is slowed here (each decision 0.5 s later, as a busy GPU would make it) so that the
+    composing runs ahead of it."""
+    from cudagym.synth import build
+    from cudagym.synth.filter import FilterStream
+
+    streams, adds, composes = set(), [], []
+    add, handle, compose = FilterStream.add, FilterStream._handle, build.compose_stage
+
+    def slow_handle(self, *args):
+        time.sleep(0.5)
+        return handle(self, *args)
+
+    def recorded_add(self, tasks):
+        streams.add(id(self))
+        tasks = list(tasks)
+        in_flight = self.outstanding
+        sent = add(self, tasks)
+        if sent:
+            adds.append(in_flight)
+        return sent
+
+    def recorded_compose(store, seeds, config, round_, n, judges=None):
+        composes.append((round_, n, [s.outstanding for s in live]))
+        return compose(store, seeds, config, round_, n, judges)
+
+    live: list[FilterStream] = []
+    init = FilterStream.__init__
+    monkeypatch.setattr(FilterStream, "__init__", lambda self, *a, **k: (init(self, *a, **k), live.append(self))[0])
+    monkeypatch.setattr(FilterStream, "_handle", slow_handle)
+    monkeypatch.setattr(FilterStream, "add", recorded_add)
+    monkeypatch.setattr(build, "compose_stage", recorded_compose)
+    config = _config(tmp_path, target=8, overlap=True, round_size=4, filter_passes=2, filter_stream=True, max_rounds=30)
+    funnel = build_dataset(config)
+    assert funnel["status"] == "complete" and len(read_build_rows(tmp_path / "dataset")) == 8
+    assert len(streams) == 1  # one stream for the whole build
+    assert len(adds) >= 2 and any(adds[1:]), adds  # a later round's candidates went in beside earlier ones
+    assert composes[0][1] <= 2 and all(n <= 4 for _, n, _ in composes), composes  # a third of a round first
+    assert all(outstanding[0] <= build.stream_backlog(config) for _, _, outstanding in composes), composes
+    assert not evaluate._LIVE_JUDGES and not [t for t in threading.enumerate() if t.name.startswith("fed-judge")]
