@@ -18,7 +18,9 @@
 # streamed passes; `--filter-passes 1`: each judge checks, compiles and times), OVERLAP (on:
 # the next round composes while this one filters, the GPU default; off: one after the other, as before session 30),
 # SETUP_NOTE (words added to the call's setup in calls.jsonl and the report, e.g. what changed in the code since the
-# call before), and from the caller's environment CUDAGYM_GPU_LOCK_POLICY (`writers-first`: the lock order's A/B, docs/evaluation.md).
+# call before), LOCK_TRACE (on: every hold of the GPU lock and of the memory budget traced, gpulock.TRACE_ENV, and
+# gpulock.md says where the judges' waits went, benchmarks/gpulock_trace.py; the trace comes back gzipped), and from the
+# caller's environment CUDAGYM_GPU_LOCK_POLICY (`writers-first`: the lock order's A/B, docs/evaluation.md).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
 source "$(dirname "$0")/datasets_wheels.sh" /tmp/site-datasets || exit 1  # datasets: publish writes the parquet
@@ -30,6 +32,7 @@ fi
 # the seed crawl of this box's torch and transformers (crawl.on_disk), carried in the state: 10-15 s of a call's start
 [ -d "$BUILD/crawl" ] && mkdir -p "$CUDAGYM_CACHE/crawl" && cp "$BUILD"/crawl/*.pkl "$CUDAGYM_CACHE/crawl/" 2>/dev/null
 echo "resume: $(ls "$BUILD" 2>/dev/null | paste -sd' ' || echo fresh), lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}, $(date -u)" | tee "$OUT/build.log"
+[ "${LOCK_TRACE:-off}" = on ] && export CUDAGYM_GPU_LOCK_TRACE="$OUT/gpulock.jsonl"
 sample_load "$OUT/load.txt"
 SAMPLER=$!
 t0=$(date +%s)
@@ -41,6 +44,10 @@ timeout -k 60 -s INT "$LIMIT" python3 -m cudagym dataset build --device cuda --o
 rc=$? WALL=$(( $(date +%s) - t0 ))
 echo "build rc=$rc wall $WALL s, $(date -u)" | tee -a "$OUT/build.log"
 kill $SAMPLER
+if [ -f "$OUT/gpulock.jsonl" ]; then
+  python3 benchmarks/gpulock_trace.py "$OUT/gpulock.jsonl" --out "$OUT/gpulock.md" > /dev/null 2>> "$OUT/build.log"
+  gzip -f "$OUT/gpulock.jsonl"
+fi
 # record this call (calls.jsonl, which travels in the state), pack the state, then report with its size
 SETUP="${FILTER_FLAGS:-streamed passes}; overlap ${OVERLAP:-on}; round ${ROUND:-150}; lock ${CUDAGYM_GPU_LOCK_POLICY:-turnstile}${SETUP_NOTE:+; $SETUP_NOTE}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 python3 benchmarks/dataset_report.py "$BUILD" --wall-s "$WALL" --setup "$SETUP" --out "$OUT" > /dev/null 2>> "$OUT/build.log"
@@ -52,3 +59,4 @@ size=$(stat -c %s "$OUT/dataset-state.tar.gz")
 [ "$size" -gt $((15 * 1024 * 1024)) ] && echo "WARNING: dataset-state.tar.gz is $size bytes: over 16 MiB it does not come back" | tee -a "$OUT/build.log"
 grep -v '^\s*$' "$OUT/build.log" | grep -v '━' | tail -25
 cat "$OUT/report.md"
+[ -f "$OUT/gpulock.md" ] && cat "$OUT/gpulock.md"

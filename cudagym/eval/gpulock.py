@@ -34,6 +34,10 @@ from typing import Callable, Iterable
 
 
 DEFAULT_LOCK_DIR = "/tmp/cudagym-locks"  # a fixed path, not $TMPDIR: every process of the machine must find it
+# A file each hold of the GPU lock and of the memory budget is appended to, where set (off by default):
+# one JSON line per hold, {"lock": "ex" | "sh" | "mem", "pid", "asked", "got", "released"} in wall-clock
+# seconds ("gib" for the memory's). benchmarks/gpulock_trace.py says from it where a run's waits went.
+TRACE_ENV = "CUDAGYM_GPU_LOCK_TRACE"
 
 
 def lock_dir() -> str:
@@ -96,6 +100,7 @@ def gpu_lock(path: str | None, exclusive: bool, policy: str | None = None):
     if not path:
         yield
         return
+    asked, got = time.time(), None
     queue_fd = _open(path + ".writers") if (policy or lock_policy()) == "writers-first" else None
     turnstile_fd, data_fd = _open(path + ".turnstile"), _open(path)
     try:
@@ -113,13 +118,34 @@ def gpu_lock(path: str | None, exclusive: bool, policy: str | None = None):
             fcntl.flock(data_fd, fcntl.LOCK_SH)
             if queue_fd is not None:
                 fcntl.flock(queue_fd, fcntl.LOCK_UN)
+        got = time.time()
         yield
     finally:
+        if got is not None:
+            trace_hold("ex" if exclusive else "sh", asked, got)
         fcntl.flock(data_fd, fcntl.LOCK_UN)
         os.close(data_fd)
         os.close(turnstile_fd)
         if queue_fd is not None:
             os.close(queue_fd)  # drops its flock
+
+
+def trace_hold(lock: str, asked: float, got: float, **more) -> None:
+    """Append one hold, released now, to the trace file (`TRACE_ENV`), if set. One write of a line
+    far below PIPE_BUF to a file opened for appending: lines of concurrent judges never interleave."""
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    line = json.dumps({"lock": lock, "pid": os.getpid(), "asked": round(asked, 4), "got": round(got, 4),
+                       "released": round(time.time(), 4), **more}, separators=(",", ":"))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:  # a trace is never worth a judge's result
+        pass
 
 
 def _open(path: str) -> int:
@@ -273,7 +299,7 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
     ledger = path + ".memory"
     key = str(os.getpid())
     wait_key = WAITING + key
-    fits_since, waiting_since = None, time.monotonic()
+    fits_since, waiting_since, asked = None, time.monotonic(), time.time()
     try:
         while True:
             with _locked_ledger(ledger) as entries:
@@ -298,11 +324,13 @@ def memory_reservation(path: str | None, n_bytes: int, budget_bytes: int, poll_s
         with _locked_ledger(ledger) as entries:
             entries.pop(wait_key, None)
         raise
+    got = time.time()
     try:
         yield
     finally:
         with _locked_ledger(ledger) as entries:
             entries.pop(key, None)
+        trace_hold("mem", asked, got, gib=round(n_bytes / 2**30, 3))
 
 
 def lower_reservation(path: str | None, n_bytes: int) -> int | None:

@@ -503,3 +503,63 @@ def test_a_reservation_that_gives_up_leaves_no_place_in_the_queue_and_holds_back
     finally:
         holder.kill()
         holder.wait()
+
+
+TRACED_JUDGE = """
+import sys, time
+from cudagym.eval.gpulock import gpu_lock, memory_reservation
+lock, policy = sys.argv[1], sys.argv[2]
+with memory_reservation(lock, 3 << 30, 4 << 30, poll_s=0.01):  # two of these never fit together
+    for _ in range(3):
+        with gpu_lock(lock, exclusive=False, policy=policy):
+            time.sleep(0.05)
+        with gpu_lock(lock, exclusive=True, policy=policy):
+            time.sleep(0.02)
+"""
+
+
+def _trace_report():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpulock_trace", Path(__file__).parents[2] / "benchmarks" / "gpulock_trace.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("policy", LOCK_POLICIES)
+def test_a_traced_run_records_every_hold_and_no_timing_turn_overlaps_another_hold(tmp_path, policy):
+    """CUDAGYM_GPU_LOCK_TRACE: each judge's holds of the GPU lock and of the memory budget, one line each
+    from concurrent processes; the trace shows the lock's promise (an exclusive hold overlaps no other
+    hold, two memory shares that do not fit never overlap), and benchmarks/gpulock_trace.py splits the
+    span into the lock's states."""
+    lock, trace = str(tmp_path / "gpu.lock"), tmp_path / "trace.jsonl"
+    env = {**os.environ, gpulock.TRACE_ENV: str(trace)}
+    judges = [subprocess.Popen([sys.executable, "-c", TRACED_JUDGE, lock, policy], env=env) for _ in range(3)]
+    assert [p.wait(timeout=60) for p in judges] == [0, 0, 0]
+    tool = _trace_report()
+    events = tool.read_trace(trace)
+    assert sorted(e["lock"] for e in events) == ["ex"] * 9 + ["mem"] * 3 + ["sh"] * 9
+    assert all(e["asked"] <= e["got"] <= e["released"] for e in events)
+    gpu = [e for e in events if e["lock"] != "mem"]
+    for ex in (e for e in gpu if e["lock"] == "ex"):
+        assert not [o for o in gpu if o is not ex and o["got"] < ex["released"] and ex["got"] < o["released"]]
+    mem = sorted((e for e in events if e["lock"] == "mem"), key=lambda e: e["got"])
+    assert all(a["released"] <= b["got"] for a, b in zip(mem, mem[1:]))  # one judge admitted at a time
+    summary = tool.summarize(events)
+    assert sum(summary["states"].values()) == pytest.approx(summary["span_s"], rel=1e-6)
+    assert summary["states"]["exclusive"] >= 9 * 0.02 and summary["states"]["shared"] >= 3 * 0.05
+    assert summary["states"]["idle, waiting for memory"] > 0  # two judges wait while the third runs its holds
+    assert summary["holds"]["ex"]["n"] == 9 and summary["holds"]["mem"]["pids"] == 3
+    assert summary["memory"]["admitted_max"] == 1 and summary["memory"]["reserved_gib_max"] == pytest.approx(3.0)
+    text = tool.report(summary)
+    assert "| exclusive |" in text and "Memory budget: " in text
+    assert tool.main([str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_without_the_trace_setting_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv(gpulock.TRACE_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with gpu_lock(str(tmp_path / "gpu.lock"), exclusive=True, policy="turnstile"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.lock", "gpu.lock.turnstile"]

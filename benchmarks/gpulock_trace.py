@@ -1,0 +1,135 @@
+"""Where the judges' waits went, from a GPU lock trace (`gpulock.TRACE_ENV`: every hold of the GPU lock,
+shared or exclusive, and of the memory budget, one JSON line each).
+
+Splits the traced span by what the GPU lock was doing:
+- exclusive: a timing turn held it;
+- shared: readers (builds, inputs, first calls, checks, autotuning) held it, no timer;
+- handoff: nobody held it while someone waited for it (a reader let in after a timer, flock wake-ups);
+- idle, waiting for memory: nobody held or wanted it while judges waited to be admitted to the memory budget;
+- idle: nobody held, wanted it or waited for memory (judges compiling, starting, between tasks, or none).
+And per kind of hold: how many, how long they were held and waited for; for the memory budget, how many
+judges it admitted at once and how much it had reserved.
+
+    python benchmarks/gpulock_trace.py TRACE.jsonl [--out gpulock.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+STATES = ("exclusive", "shared", "handoff", "idle, waiting for memory", "idle")
+
+
+def read_trace(path: str | Path) -> list[dict]:
+    """The trace's holds; a torn or foreign line is skipped."""
+    events = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and {"lock", "asked", "got", "released"} <= event.keys():
+            events.append(event)
+    return events
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def summarize(events: list[dict]) -> dict:
+    """{"span_s", "states": {state: seconds}, "holds": {lock: {...}}, "memory": {...}} (see the module)."""
+    if not events:
+        return {"span_s": 0.0, "states": {s: 0.0 for s in STATES}, "holds": {}, "memory": {}}
+    start = min(e["asked"] for e in events)
+    end = max(e["released"] for e in events)
+    # +1/-1 at each boundary of each hold's wait (asked..got) and hold (got..released), per lock kind
+    deltas: list[tuple[float, str, int]] = []
+    for e in events:
+        kind = "gpu" if e["lock"] in ("ex", "sh") else "mem"
+        deltas += [(e["asked"], f"{kind}_wait", 1), (e["got"], f"{kind}_wait", -1)]
+        deltas += [(e["got"], e["lock"], 1), (e["released"], e["lock"], -1)]
+        if kind == "mem":
+            deltas += [(e["got"], "gib", e.get("gib", 0.0)), (e["released"], "gib", -e.get("gib", 0.0))]
+    deltas.sort(key=lambda d: d[0])
+    level = {"gpu_wait": 0, "mem_wait": 0, "ex": 0, "sh": 0, "mem": 0, "gib": 0.0}
+    states = {s: 0.0 for s in STATES}
+    admitted_s = reserved_gib_s = 0.0
+    most_admitted, most_gib = 0, 0.0
+    t = start
+    for at, key, step in deltas:
+        dt = at - t
+        if dt > 0:
+            if level["ex"]:
+                state = "exclusive"
+            elif level["sh"]:
+                state = "shared"
+            elif level["gpu_wait"]:
+                state = "handoff"
+            elif level["mem_wait"]:
+                state = "idle, waiting for memory"
+            else:
+                state = "idle"
+            states[state] += dt
+            admitted_s += level["mem"] * dt
+            reserved_gib_s += level["gib"] * dt
+            t = at
+        level[key] += step
+        most_admitted, most_gib = max(most_admitted, level["mem"]), max(most_gib, level["gib"])
+    span = end - start
+    holds = {}
+    for lock in ("ex", "sh", "mem"):
+        mine = [e for e in events if e["lock"] == lock]
+        if mine:
+            waits = [e["got"] - e["asked"] for e in mine]
+            held = [e["released"] - e["got"] for e in mine]
+            holds[lock] = {"n": len(mine), "per_s": len(mine) / span if span else None,
+                           "wait_sum_s": sum(waits), "wait_p50_s": _quantile(waits, 0.5), "wait_p90_s": _quantile(waits, 0.9),
+                           "held_sum_s": sum(held), "held_p50_s": _quantile(held, 0.5), "held_p90_s": _quantile(held, 0.9),
+                           "pids": len({e.get("pid") for e in mine})}
+    memory = {}
+    if "mem" in holds and span:
+        memory = {"admitted_mean": admitted_s / span, "admitted_max": most_admitted,
+                  "reserved_gib_mean": reserved_gib_s / span, "reserved_gib_max": most_gib}
+    return {"span_s": span, "states": states, "holds": holds, "memory": memory}
+
+
+def report(summary: dict) -> str:
+    span = summary["span_s"] or 1.0
+    lines = [f"# GPU lock trace: {summary['span_s']:.0f} s", "", "| the GPU lock was | s | share |", "| --- | --- | --- |"]
+    lines += [f"| {state} | {seconds:.1f} | {seconds / span:.1%} |" for state, seconds in summary["states"].items()]
+    names = {"ex": "exclusive (timing turns)", "sh": "shared (readers)", "mem": "memory budget"}
+    lines += ["", "| holds | n | per s | judges | wait sum s | wait p50 s | wait p90 s | held sum s | held p50 s | held p90 s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for lock, h in summary["holds"].items():
+        lines.append(f"| {names[lock]} | {h['n']} | {h['per_s']:.2f} | {h['pids']} | {h['wait_sum_s']:.0f} | {h['wait_p50_s']:.3f} | "
+                     f"{h['wait_p90_s']:.3f} | {h['held_sum_s']:.0f} | {h['held_p50_s']:.3f} | {h['held_p90_s']:.3f} |")
+    m = summary["memory"]
+    if m:
+        lines += ["", f"Memory budget: {m['admitted_mean']:.1f} judges admitted on average (at most {m['admitted_max']}), "
+                      f"{m['reserved_gib_mean']:.1f} GiB reserved on average (at most {m['reserved_gib_max']:.1f}; "
+                      "a share lowered for a compile counts at its first size)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace")
+    parser.add_argument("--out", help="also write the report here")
+    args = parser.parse_args(argv)
+    if not Path(args.trace).is_file():
+        print(f"gpulock_trace: no trace at {args.trace}", file=sys.stderr)
+        return 2
+    text = report(summarize(read_trace(args.trace)))
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
