@@ -79,6 +79,10 @@ def test_a_widening_forward_is_charged_more_than_factors_of_its_inputs():
     # a check task's compile (judge._check_and_compile): set b and the reference's outputs for it
     compiling = weights + inputs + outputs + peak + FILTER_FIXED_BYTES
     assert footprint_bytes(ref, [], "filter-compile") == int(FILTER_MARGIN * compiling) + FILTER_CONTEXT_BYTES
+    # a timing task (pass 2): sets a and b as they are, a call's output and the one before it
+    timing = weights + 2 * inputs + 2 * outputs + peak + FILTER_FIXED_BYTES
+    assert footprint_bytes(ref, [], "filter-time") == int(FILTER_MARGIN * timing) + FILTER_CONTEXT_BYTES
+    assert footprint_bytes(ref, [], "filter-compile") < footprint_bytes(ref, [], "filter-time") < footprint_bytes(ref, [], "filter-check")
 
 
 def test_an_elementwise_chain_is_charged_less_than_an_evaluation():
