@@ -812,7 +812,10 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
             if rounds >= config.max_rounds or short <= 0:  # nothing more to compose: wait for the decisions
                 if not stream.outstanding:
                     break
-                _wait_for(stream, serving, lambda: not stream.outstanding)
+                # candidates still waiting beyond a batch (a resumed backlog) go in as the filter makes room, at
+                # least one decision later; with none waiting, or enough in flight for the missing rows, all of them
+                level = min(stream_backlog(config), stream.outstanding - 1) if len(waiting) > room > 0 else 0
+                _wait_for(stream, serving, lambda: stream.outstanding <= level)
             else:
                 # at most a backlog's worth ahead of the filter: a stop loses the candidates in flight's work
                 _wait_for(stream, serving, lambda: stream.outstanding <= stream_backlog(config))

@@ -390,3 +390,37 @@ def test_a_streamed_build_sends_each_round_to_the_filter_without_waiting_for_the
     assert composes[0][1] <= 2 and all(n <= 4 for _, n, _ in composes), composes  # a third of a round first
     assert all(outstanding[0] <= build.stream_backlog(config) for _, _, outstanding in composes), composes
     assert not evaluate._LIVE_JUDGES and not [t for t in threading.enumerate() if t.name.startswith("fed-judge")]
+
+
+@pytest.mark.slow
+def test_a_streamed_build_refills_the_filter_from_a_backlog_before_it_drains(tmp_path, kernelbench_path, monkeypatch):
+    """A resumed build with more candidates waiting than a batch (composed, never filtered) adds the rest
+    as the filter makes room, while earlier ones are still in flight, instead of letting it drain first."""
+    from cudagym.synth.filter import FilterStream
+
+    config = _config(tmp_path, target=4, overlap=True, round_size=2, filter_passes=2, filter_stream=True, max_rounds=0)
+    seeds, _ = crawl_stage(config)
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        store.check_identity(config.identity())
+        for round_ in range(4):
+            compose_stage(store, seeds, config, round_, 2)
+        assert len(store.candidates()) >= 6
+    adds = []
+    add, handle = FilterStream.add, FilterStream._handle
+
+    def recorded_add(self, tasks):
+        in_flight = self.outstanding
+        sent = add(self, tasks)
+        if sent:
+            adds.append(in_flight)
+        return sent
+
+    monkeypatch.setattr(FilterStream, "_handle", lambda self, *a: (time.sleep(0.5), handle(self, *a))[1])
+    monkeypatch.setattr(FilterStream, "add", recorded_add)
+    funnel = build_dataset(config)  # max_rounds 0: nothing composed, only the backlog filtered
+    assert funnel["status"] in ("complete", "short")
+    db = duckdb.connect(str(tmp_path / "build.duckdb"), read_only=True)
+    assert db.execute("SELECT max(round) FROM candidates").fetchone()[0] == 3
+    assert db.execute("SELECT count(*) FROM filtered").fetchone()[0] >= 4
+    db.close()
+    assert len(adds) >= 2 and any(adds[1:]), adds  # refilled while candidates were in flight
