@@ -824,16 +824,18 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
                     n = math.ceil(n / 3)  # of a round reaches it sooner (a call's start: on the H100 53 s to the first decision)
                 compose_stage(store, seeds, config, next_round(store), n, judges)
                 rounds += 1
-            stream.report()
+                stream.report()  # the filter's lines since the round before: a pair a round
             labelled, stages = select(store, config)
         stream.close()
         serving.result()
+        stream.report()
     except ComposeStopped as e:
         stream.close()
         if e.reason != "interrupted":
             _finish(serving)
         else:
             _stop(serving)
+        stream.report(stopped=e.reason == "interrupted")
         raise
     except BaseException:
         stream.close()

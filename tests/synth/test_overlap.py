@@ -393,9 +393,11 @@ def test_a_streamed_build_sends_each_round_to_the_filter_without_waiting_for_the
 
 
 @pytest.mark.slow
-def test_a_streamed_build_refills_the_filter_from_a_backlog_before_it_drains(tmp_path, kernelbench_path, monkeypatch):
+def test_a_streamed_build_refills_the_filter_from_a_backlog_before_it_drains(tmp_path, kernelbench_path, monkeypatch,
+                                                                             capsys):
     """A resumed build with more candidates waiting than a batch (composed, never filtered) adds the rest
-    as the filter makes room, while earlier ones are still in flight, instead of letting it drain first."""
+    as the filter makes room, while earlier ones are still in flight, instead of letting it drain first;
+    the filter's lines come a pair per round composed (here none) and at the end, not per refill."""
     from cudagym.synth.filter import FilterStream
 
     config = _config(tmp_path, target=4, overlap=True, round_size=2, filter_passes=2, filter_stream=True, max_rounds=0)
@@ -424,3 +426,5 @@ def test_a_streamed_build_refills_the_filter_from_a_backlog_before_it_drains(tmp
     assert db.execute("SELECT count(*) FROM filtered").fetchone()[0] >= 4
     db.close()
     assert len(adds) >= 2 and any(adds[1:]), adds  # refilled while candidates were in flight
+    err = capsys.readouterr().err
+    assert err.count("filter checks, streamed: ") == 1 and err.count("filter timing, streamed: ") == 1, err
