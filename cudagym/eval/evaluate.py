@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from cudagym.eval.gpulock import claim_task, lock_dir, prepare_lock_dir, task_claimant
+from cudagym.eval.gpulock import TRACE_ENV as LOCK_TRACE_ENV, claim_task, lock_dir, prepare_lock_dir, task_claimant
 from cudagym.eval.timing import TIMING_MODES, TRACE_ENV
 from cudagym.eval.verdict import EDGE_BAND, Status, Verdict
 from cudagym.tasks import Task
@@ -349,8 +349,9 @@ def _run_judge_once(request: dict, config: EvalConfig, stall_s: float | None = N
     workdir = tempfile.mkdtemp(prefix="cudagym-judge-")
     # The judge writes its workdir, the build caches and (for the shared memory ledger) the lock folder.
     locks = judges_lock_dir(config)
-    trace = os.environ.get(TRACE_ENV)  # a benchmark's timing trace (timing.write_trace) goes beside the caches
-    writable = _cache_dirs() + [locks] + ([str(Path(trace).resolve().parent)] if trace else [])
+    # a benchmark's timing trace (timing.write_trace) and GPU lock trace (gpulock.trace_hold) go beside the caches
+    traces = [os.environ.get(TRACE_ENV), os.environ.get(LOCK_TRACE_ENV)]
+    writable = _cache_dirs() + [locks] + [str(Path(trace).resolve().parent) for trace in traces if trace]
     request = dict(request, workdir=workdir, lock_dir=locks, writable=writable)
     request_path = os.path.join(workdir, "request.json")
     with open(request_path, "w") as f:

@@ -563,3 +563,34 @@ def test_without_the_trace_setting_nothing_is_written(tmp_path, monkeypatch):
     with gpu_lock(str(tmp_path / "gpu.lock"), exclusive=True, policy="turnstile"):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.lock", "gpu.lock.turnstile"]
+
+
+def test_a_sandboxed_judge_writes_its_holds_to_the_trace(tmp_path, monkeypatch):
+    """A real judge (the dataset filter's, on the CPU, whose timing takes the CPU's lock alone) runs with
+    a file system read-only but for its workdir, caches and the folders it is given: the trace's folder
+    is one of them, so its holds reach the trace."""
+    from cudagym.synth.filter import FilterConfig, filter_tasks
+    from cudagym.tasks import Task
+
+    trace = tmp_path / "traces" / "gpulock.jsonl"
+    trace.parent.mkdir()
+    monkeypatch.setenv(gpulock.TRACE_ENV, str(trace))
+    code = textwrap.dedent('''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.tanh(x) * 2 + x
+
+        def get_inputs():
+            return [torch.randn(64, 64)]
+
+        def get_init_inputs():
+            return []
+        ''')
+    kept, rejects, _ = filter_tasks([Task(id="t", name="t", code=code, source="test")],
+                                    FilterConfig(device="cpu", parallel=1, task_timeout_s=120.0, min_eager_ms=0.0))
+    assert len(kept) == 1, rejects
+    locks = [json.loads(line)["lock"] for line in trace.read_text().splitlines()]
+    assert "ex" in locks  # its timing turn
