@@ -428,3 +428,65 @@ def test_a_streamed_build_refills_the_filter_from_a_backlog_before_it_drains(tmp
     assert len(adds) >= 2 and any(adds[1:]), adds  # refilled while candidates were in flight
     err = capsys.readouterr().err
     assert err.count("filter checks, streamed: ") == 1 and err.count("filter timing, streamed: ") == 1, err
+
+
+SLOW = '''import time
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(0.5)
+        return {op}(x) * 2 + x
+
+
+def get_inputs():
+    return [torch.randn(32, 32)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.slow
+def test_a_streamed_build_whose_composer_stops_lets_the_filter_decide_what_it_holds(tmp_path, kernelbench_path,
+                                                                                    monkeypatch):
+    """A composer that stops for its endpoint (not Ctrl-C) in a later round: the candidates the judges
+    hold then (here two whose forward sleeps, still being checked) are decided and stored (the stream is
+    closed and served to its end, not stopped), and the build publishes with the stop's reason."""
+    from collections import Counter
+
+    from cudagym.synth import build
+    from cudagym.synth.compose import ComposeStopped
+    from cudagym.synth.filter import FilterStream
+
+    compose, calls, in_flight_at_stop, streams = build.compose_stage, [], [], []
+
+    def stopping_compose(store, seeds, config, round_, n, judges=None):
+        calls.append(round_)
+        if len(calls) == 2:  # a round of two slow candidates
+            slow = [Task(id=f"slow{i}", name=f"slow{i}", code=SLOW.format(op=op), source="synth",
+                         provenance={"composer": "programmatic", "k": 1, "seed_ids": [], "seed_ops": []})
+                    for i, op in enumerate(("torch.tanh", "torch.nn.functional.softsign"))]
+            store.add_candidates(slow, round_)
+            store.add_round(round_, Counter(kept=2), [])
+            return 2
+        if len(calls) == 3:  # then the endpoint goes away, while the judges check them
+            in_flight_at_stop.extend(s.outstanding for s in streams)
+            raise ComposeStopped("endpoint_down", "the endpoint stopped answering")
+        return compose(store, seeds, config, round_, n, judges)
+
+    init = FilterStream.__init__
+    monkeypatch.setattr(FilterStream, "__init__", lambda self, *a, **k: (init(self, *a, **k), streams.append(self))[0])
+    monkeypatch.setattr(build, "compose_stage", stopping_compose)
+    config = _config(tmp_path, target=40, overlap=True, round_size=4, filter_passes=2, filter_stream=True, max_rounds=10)
+    funnel = build_dataset(config)
+    assert funnel["status"] == "stopped" and funnel["stopped"] == "endpoint_down"
+    assert in_flight_at_stop and in_flight_at_stop[0] >= 2, in_flight_at_stop  # the slow two, at least
+    db = duckdb.connect(str(tmp_path / "build.duckdb"), read_only=True)
+    slow_decided = db.execute("SELECT count(*) FROM candidates JOIN filtered USING (sha256) WHERE name LIKE 'slow%'").fetchone()[0]
+    db.close()
+    assert slow_decided == 2 and streams[0].outstanding == 0  # everything sent was decided
+    assert not evaluate._LIVE_JUDGES and not [t for t in threading.enumerate() if t.name.startswith("fed-judge")]
