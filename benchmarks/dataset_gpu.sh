@@ -19,7 +19,7 @@
 # the next round composes while this one filters, the GPU default; off: one after the other, as before session 30),
 # SETUP_NOTE (words added to the call's setup in calls.jsonl and the report, e.g. what changed in the code since the
 # call before), LOCK_TRACE (on: every hold of the GPU lock and of the memory budget traced, gpulock.TRACE_ENV, and
-# gpulock.md says where the judges' waits went, benchmarks/gpulock_trace.py; the trace comes back gzipped), and from the
+# gpulock.md says where the judges' waits went, gpulock.png when, benchmarks/gpulock_trace.py; the trace comes back gzipped), and from the
 # caller's environment CUDAGYM_GPU_LOCK_POLICY (`writers-first`: the lock order's A/B, docs/evaluation.md).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" || exit 1
@@ -45,7 +45,8 @@ rc=$? WALL=$(( $(date +%s) - t0 ))
 echo "build rc=$rc wall $WALL s, $(date -u)" | tee -a "$OUT/build.log"
 kill $SAMPLER
 if [ -f "$OUT/gpulock.jsonl" ]; then
-  python3 benchmarks/gpulock_trace.py "$OUT/gpulock.jsonl" --out "$OUT/gpulock.md" > /dev/null 2>> "$OUT/build.log"
+  python3 benchmarks/gpulock_trace.py "$OUT/gpulock.jsonl" --out "$OUT/gpulock.md" \
+    $(python3 -c "import matplotlib" 2>/dev/null && echo --plot "$OUT/gpulock.png") > /dev/null 2>> "$OUT/build.log"
   gzip -f "$OUT/gpulock.jsonl"
 fi
 # record this call (calls.jsonl, which travels in the state), pack the state, then report with its size

@@ -10,7 +10,7 @@ Splits the traced span by what the GPU lock was doing:
 And per kind of hold: how many, how long they were held and waited for; for the memory budget, how many
 judges it admitted at once and how much it had reserved.
 
-    python benchmarks/gpulock_trace.py TRACE.jsonl [--out gpulock.md]
+    python benchmarks/gpulock_trace.py TRACE.jsonl [--out gpulock.md] [--plot gpulock.png]
 """
 
 from __future__ import annotations
@@ -41,14 +41,11 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
-def summarize(events: list[dict]) -> dict:
-    """{"span_s", "states": {state: seconds}, "holds": {lock: {...}}, "memory": {...}} (see the module)."""
-    if not events:
-        return {"span_s": 0.0, "states": {s: 0.0 for s in STATES}, "holds": {}, "memory": {}}
-    start = min(e["asked"] for e in events)
-    end = max(e["released"] for e in events)
+def intervals(events: list[dict]):
+    """The traced span cut where anything changes: (start s, end s, the lock's state, judges admitted to
+    the memory budget, GiB they reserved), in order."""
     # +1/-1 at each boundary of each hold's wait (asked..got) and hold (got..released), per lock kind
-    deltas: list[tuple[float, str, int]] = []
+    deltas: list[tuple[float, str, float]] = []
     for e in events:
         kind = "gpu" if e["lock"] in ("ex", "sh") else "mem"
         deltas += [(e["asked"], f"{kind}_wait", 1), (e["got"], f"{kind}_wait", -1)]
@@ -57,13 +54,9 @@ def summarize(events: list[dict]) -> dict:
             deltas += [(e["got"], "gib", e.get("gib", 0.0)), (e["released"], "gib", -e.get("gib", 0.0))]
     deltas.sort(key=lambda d: d[0])
     level = {"gpu_wait": 0, "mem_wait": 0, "ex": 0, "sh": 0, "mem": 0, "gib": 0.0}
-    states = {s: 0.0 for s in STATES}
-    admitted_s = reserved_gib_s = 0.0
-    most_admitted, most_gib = 0, 0.0
-    t = start
+    t = deltas[0][0] if deltas else 0.0
     for at, key, step in deltas:
-        dt = at - t
-        if dt > 0:
+        if at > t:
             if level["ex"]:
                 state = "exclusive"
             elif level["sh"]:
@@ -74,12 +67,25 @@ def summarize(events: list[dict]) -> dict:
                 state = "idle, waiting for memory"
             else:
                 state = "idle"
-            states[state] += dt
-            admitted_s += level["mem"] * dt
-            reserved_gib_s += level["gib"] * dt
+            yield t, at, state, level["mem"], level["gib"]
             t = at
         level[key] += step
-        most_admitted, most_gib = max(most_admitted, level["mem"]), max(most_gib, level["gib"])
+
+
+def summarize(events: list[dict]) -> dict:
+    """{"span_s", "states": {state: seconds}, "holds": {lock: {...}}, "memory": {...}} (see the module)."""
+    if not events:
+        return {"span_s": 0.0, "states": {s: 0.0 for s in STATES}, "holds": {}, "memory": {}}
+    start = min(e["asked"] for e in events)
+    end = max(e["released"] for e in events)
+    states = {s: 0.0 for s in STATES}
+    admitted_s = reserved_gib_s = 0.0
+    most_admitted, most_gib = 0, 0.0
+    for t0, t1, state, admitted, gib in intervals(events):
+        states[state] += t1 - t0
+        admitted_s += admitted * (t1 - t0)
+        reserved_gib_s += gib * (t1 - t0)
+        most_admitted, most_gib = max(most_admitted, admitted), max(most_gib, gib)
     span = end - start
     holds = {}
     for lock in ("ex", "sh", "mem"):
@@ -96,6 +102,44 @@ def summarize(events: list[dict]) -> dict:
         memory = {"admitted_mean": admitted_s / span, "admitted_max": most_admitted,
                   "reserved_gib_mean": reserved_gib_s / span, "reserved_gib_max": most_gib}
     return {"span_s": span, "states": states, "holds": holds, "memory": memory}
+
+
+def timeline(events: list[dict], bins: int = 120) -> tuple[list[float], dict[str, list[float]]]:
+    """The span in `bins` equal bins: (each bin's start, s from the first event; {state: its share of each bin})."""
+    if not events:
+        return [], {s: [] for s in STATES}
+    start = min(e["asked"] for e in events)
+    width = max(1e-9, (max(e["released"] for e in events) - start) / bins)
+    shares = {s: [0.0] * bins for s in STATES}
+    for t0, t1, state, _, _ in intervals(events):
+        i = min(bins - 1, int((t0 - start) / width))
+        while t0 < t1:  # an interval may cross bins; a bin's edge that rounding puts at t0 moves on to the next
+            edge = t1 if i >= bins - 1 else min(t1, start + (i + 1) * width)
+            if edge > t0:
+                shares[state][i] += (edge - t0) / width
+                t0 = edge
+            i += 1
+    return [i * width for i in range(bins)], shares
+
+
+def plot(events: list[dict], path: str | Path) -> None:
+    """The lock's states over the run, as shares of each bin stacked (matplotlib, imported here)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    starts, shares = timeline(events)
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    ax.stackplot(starts, *[shares[s] for s in STATES], labels=STATES, step="post")
+    ax.set_xlabel("s from the first traced hold")
+    ax.set_ylabel("share of each bin")
+    ax.set_ylim(0, 1)
+    ax.set_title("What the GPU lock was doing")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def report(summary: dict) -> str:
@@ -120,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--out", help="also write the report here")
+    parser.add_argument("--plot", help="also plot the lock's states over the run here (PNG)")
     args = parser.parse_args(argv)
     if not Path(args.trace).is_file():
         print(f"gpulock_trace: no trace at {args.trace}", file=sys.stderr)
         return 2
-    text = report(summarize(read_trace(args.trace)))
+    events = read_trace(args.trace)
+    text = report(summarize(events))
+    if args.plot:
+        plot(events, args.plot)
     if args.out:
         Path(args.out).write_text(text)
     print(text, end="")

@@ -554,6 +554,12 @@ def test_a_traced_run_records_every_hold_and_no_timing_turn_overlaps_another_hol
     assert summary["memory"]["admitted_max"] == 1 and summary["memory"]["reserved_gib_max"] == pytest.approx(3.0)
     text = tool.report(summary)
     assert "| exclusive |" in text and "Memory budget: " in text
+    starts, shares = tool.timeline(events, bins=10)  # the same split, bin by bin
+    # (wall-clock seconds near 1.8e9 carry ~1e-7 s of rounding each, against bins of tens of ms)
+    assert len(starts) == 10 and all(sum(s[i] for s in shares.values()) == pytest.approx(1.0, abs=1e-3) for i in range(10))
+    assert sum(shares["exclusive"]) * summary["span_s"] / 10 == pytest.approx(summary["states"]["exclusive"], rel=1e-3)
+    assert tool.main([str(trace), "--plot", str(tmp_path / "lock.png")]) == 0
+    assert (tmp_path / "lock.png").read_bytes()[:4] == b"\x89PNG"
     assert tool.main([str(tmp_path / "missing.jsonl")]) == 2
 
 
