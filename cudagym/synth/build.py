@@ -673,15 +673,23 @@ def publish_stage(config: BuildConfig, rows: list[dict], stages: list[dict], sto
     return funnel
 
 
-def select(store: BuildStore, config: BuildConfig, filter_more: int = 0) -> tuple[list[tuple[int, Task]], list[dict]]:
-    """Every stage after compose, over the stored candidates, filtering `filter_more` new ones:
-    (labelled tasks in compose order, funnel entries from compose to label)."""
+def reaching_filter(store: BuildStore, config: BuildConfig) -> tuple[set[int], list[dict]]:
+    """The stored candidates past dedup and decontamination (their seqs), and those stages' funnel entries."""
     seqs, dedup = dedup_stage(store)
     seqs, decontam = decontaminate_stage(store, config, seqs)
+    return seqs, [dedup, decontam]
+
+
+def select(store: BuildStore, config: BuildConfig, filter_more: int = 0,
+           reached: tuple[set[int], list[dict]] | None = None) -> tuple[list[tuple[int, Task]], list[dict]]:
+    """Every stage after compose, over the stored candidates, filtering `filter_more` new ones:
+    (labelled tasks in compose order, funnel entries from compose to label). reached: `reaching_filter`'s
+    result, where the caller has it already."""
+    seqs, entries = reached or reaching_filter(store, config)
     seqs, filtered = filter_stage(store, config, seqs, run=filter_more)
     labelled, label = label_stage(store, seqs)
     scale = [scale_funnel(store)] if config.scale_search else []
-    return labelled, [compose_funnel(store), *scale, dedup, decontam, filtered, label]
+    return labelled, [compose_funnel(store), *scale, *entries, filtered, label]
 
 
 def build_dataset(config: BuildConfig) -> dict:
@@ -798,13 +806,14 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
     serving = filter_thread.submit(stream.serve)
     rounds = 0
     try:
-        labelled, stages = select(store, config)
         while True:
+            reached = reaching_filter(store, config)
+            labelled, stages = select(store, config, reached=reached)
             missing = config.target - len(labelled)
             if missing <= 0 and not stream.outstanding:
                 break
             rate = filter_rate(store)
-            waiting = waiting_candidates(store, config, stages, stream)
+            waiting = waiting_candidates(store, reached[0], stages, stream)
             # feed the filter what the missing rows need, beyond what it already has
             room = filter_batch(store, config, math.ceil(max(0.0, missing - stream.outstanding * rate)))
             stream.add(waiting[:room])
@@ -825,7 +834,6 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
                 compose_stage(store, seeds, config, next_round(store), n, judges)
                 rounds += 1
                 stream.report()  # the filter's lines since the round before: a pair a round
-            labelled, stages = select(store, config)
         stream.close()
         serving.result()
         stream.report()
@@ -852,12 +860,11 @@ def stream_backlog(config: BuildConfig) -> int:
     return max(2 * config.parallel, (config.round_size or 150) // 2)
 
 
-def waiting_candidates(store: BuildStore, config: BuildConfig, stages: list[dict], stream: FilterStream) -> list[Task]:
-    """The candidates past dedup and decontamination that the filter has not decided and that are not in
-    the stream, in compose order."""
+def waiting_candidates(store: BuildStore, seqs: set[int], stages: list[dict], stream: FilterStream) -> list[Task]:
+    """The candidates past dedup and decontamination (`seqs`, `reaching_filter`) that the filter has not
+    decided and that are not in the stream, in compose order."""
     if not unfiltered(stages):
         return []
-    seqs, _ = decontaminate_stage(store, config, dedup_stage(store)[0])
     done = store.filtered()
     return [task for seq, task in store.candidates()
             if seq in seqs and task.sha256 not in done and task.sha256 not in stream]
@@ -903,7 +910,7 @@ def filter_beside(store: BuildStore, config: BuildConfig, run: int, work, filter
     any, runs in this thread; return when both are done. Ctrl-C, or work() failing, stops the filter's
     judges (what they finished is stored); a composer that stopped for its endpoint or call cap lets
     the filter finish first."""
-    seqs, _ = decontaminate_stage(store, config, dedup_stage(store)[0])
+    seqs, _ = reaching_filter(store, config)
     filtering = filter_thread.submit(filter_stage, store, config, seqs, run, judges)
     try:
         if work is not None:

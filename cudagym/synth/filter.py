@@ -205,24 +205,38 @@ def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], st
             f"judge seconds {', '.join(parts) or 'none reported'}{held}{tail}")
 
 
+class PassTally:
+    """A pass's measurements as they come in, and when (seconds since the tally began), for its `pass_line`."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.measured: list[dict] = []
+        self.done_at: list[float] = []
+
+    def add(self, measurement: dict) -> None:
+        self.measured.append(measurement)
+        self.done_at.append(time.monotonic() - self.t0)
+
+    def line(self, what: str, n: int | None, stopped: bool = False, phases: tuple[str, ...] = PHASES) -> str:
+        return pass_line(what, n, time.monotonic() - self.t0, self.measured, stopped, phases, self.done_at)
+
+
 @contextlib.contextmanager
 def reported_pass(say: Callable[[str], None] | None, what: str, n: int | None, phases: tuple[str, ...] = PHASES):
     """Around a pass of judges of n tasks (None: as many as come, a feed's): yields add(measurement), to be
     called as each task's result comes in; says the pass's `pass_line` over them when it ends, or is stopped."""
-    t0, stopped = time.monotonic(), True
-    measured: list[dict] = []
-    done_at: list[float] = []
-
-    def add(measurement: dict) -> None:
-        measured.append(measurement)
-        done_at.append(time.monotonic() - t0)
-
+    tally, stopped = PassTally(), True
     try:
-        yield add
+        yield tally.add
         stopped = False
     finally:
         if say:
-            say(pass_line(what, n, time.monotonic() - t0, measured, stopped, phases, done_at))
+            say(tally.line(what, n, stopped, phases))
+
+
+def passed_checks(measured: dict) -> bool:
+    """Whether a check task (pass 1, "filter-check") passed every check: its timing comes next."""
+    return measured.get("stage") == "checked" and not measured.get("error")
 
 
 def decide(measured: dict, window_ms: tuple[float, float], device: str = "") -> FilterResult:
@@ -305,7 +319,7 @@ def run_filter(tasks: Iterable[Task], config: FilterConfig, on_result: Callable[
         on_result(task, decide(measured, config.window_ms, env.get("gpu", "")))
 
     def record_checked(task: Task, env: dict, measured: dict) -> None:
-        if measured.get("stage") == "checked" and not measured.get("error"):
+        if passed_checks(measured):
             checked[task.sha256] = measured
             if on_checked:
                 on_checked(task, measured)
@@ -385,11 +399,7 @@ class FilterStream:
         self.cond = threading.Condition()
         self.in_flight: dict[str, Task] = {}  # added, not decided yet, by sha256
         self.closed = False
-        self._reset_report()
-
-    def _reset_report(self) -> None:
-        self.t0 = time.monotonic()
-        self.seen = {"filter-check": ([], []), "filter-time": ([], [])}  # mode -> (measurements, seconds in)
+        self.tallies = {"filter-check": PassTally(), "filter-time": PassTally()}  # since the last `report`
 
     def __contains__(self, sha: str) -> bool:
         with self.cond:
@@ -446,10 +456,8 @@ class FilterStream:
             self._handle(task, mode, measured)
 
     def _handle(self, task: Task, mode: str, measured: dict) -> None:
-        measurements, done_at = self.seen[mode]
-        measurements.append(measured)
-        done_at.append(time.monotonic() - self.t0)
-        if mode == "filter-check" and measured.get("stage") == "checked" and not measured.get("error"):
+        self.tallies[mode].add(measured)
+        if mode == "filter-check" and passed_checks(measured):
             self.checked[task.sha256] = measured
             if self.on_checked:
                 self.on_checked(task, measured)
@@ -465,11 +473,9 @@ class FilterStream:
     def report(self, stopped: bool = False) -> None:
         """Say a `pass_line` for the checks and one for the timings answered since the last report."""
         if self.say:
-            seconds = time.monotonic() - self.t0
             for mode, what in (("filter-check", "filter checks, streamed"), ("filter-time", "filter timing, streamed")):
-                measurements, done_at = self.seen[mode]
-                self.say(pass_line(what, None, seconds, measurements, stopped, PHASES, done_at))
-        self._reset_report()
+                self.say(self.tallies[mode].line(what, None, stopped))
+        self.tallies = {mode: PassTally() for mode in self.tallies}
 
 
 def even_chunk(n: int, slots: int, most: int) -> int:
