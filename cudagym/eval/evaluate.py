@@ -146,6 +146,7 @@ class EvalConfig:
     timing_cpus: tuple[int, ...] | None = None  # cores the exclusive lock's holder times on (gpulock); None: unset
     work_cpus: tuple[int, ...] | None = None  # cores judges work on otherwise; () for either: no pinning
     slow_call_s: float | None = None  # the dataset filter: a first and a warm eager call slower than this drop the task
+    fast_ms: float | None = None  # the scale search's probes: a time under this, timed shared, needs no timing turn
     edge_band: float = EDGE_BAND  # a speedup this close to a milestone is timed in verdict.EDGE_ROUNDS rounds; 0: once
 
     def __post_init__(self):
@@ -479,7 +480,8 @@ def reference_request(ref_code: str, mode: str, config: EvalConfig, compile_base
             "compile_baseline": compile_baseline, "lock_path": config.lock_path, "seed": config.seed,
             "timing_cpus": config.timing_cpus or (), "work_cpus": config.work_cpus or (),
             "min_reps": config.min_reps, "max_reps": config.max_reps, "max_timing_s": config.max_timing_s,
-            "call_timeout_s": config.timeout_s, "slow_call_s": config.slow_call_s}
+            "call_timeout_s": config.timeout_s, "slow_call_s": config.slow_call_s,
+            "fast_ms": config.fast_ms}
 
 
 def run_reference_job(task: Task, mode: str, config: EvalConfig, compile_baseline: bool = True) -> dict:

@@ -39,6 +39,10 @@ from cudagym.tasks import Task
 log = logging.getLogger(__name__)
 
 GPU_WINDOW_MS = (1.0, 100.0)
+# A scale-search probe timed beside other judges (the shared GPU lock) under this share of the window's floor
+# is too fast without a timing turn of its own (judge.probe_task, PROBE_SHARED_GATE: sharing only slows a
+# kernel down); the margin covers the noise of the few reps that turn would have timed.
+PROBE_SHARED_FLOOR = 0.9
 CPU_WINDOW_MS = (0.01, 1000.0)
 REASONS = ("eager_error", "stochastic_op", "nondeterministic", "non_finite", "empty_output", "degenerate_<probe>",
            "compile_error", "compile_mismatch", "timing_error", "too_fast", "too_slow", "timeout", "crash")
@@ -126,11 +130,12 @@ class FilterConfig:
                           slow_call_s=self.slow_factor * self.window_ms[1] / 1000)
 
     def probe_config(self) -> EvalConfig:
-        """The judges' settings for the scale search's probes: few reps, a short timing."""
+        """The judges' settings for the scale search's probes: few reps, a short timing, and a probe timed
+        under PROBE_SHARED_FLOOR x the window's floor beside other judges decided without a timing turn."""
         budget = min(self.probe_timeout_s, self.task_timeout_s)  # never more than a task's own budget
         return replace(self.eval_config(), min_reps=self.probe_reps[0], max_reps=self.probe_reps[1],
                        max_timing_s=self.probe_timing_s, timeout_s=budget, build_timeout_s=budget,
-                       task_timeout_s=budget)
+                       task_timeout_s=budget, fast_ms=PROBE_SHARED_FLOOR * self.window_ms[0] or None)
 
 
 @dataclass(frozen=True)
@@ -169,10 +174,11 @@ class FilterResult:
 # what it has beyond the phases before it is time no phase names; release_s the judge's clean-up between tasks
 PHASES = ("start_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
 # a scale-search probe's seconds (judge.probe_task): call_s, its untimed eager calls (one-off costs, or
-# a monster's whole answer), is where a probe wave's GPU time goes besides its timing
+# a monster's whole answer), is where a probe wave's GPU time goes besides its timing; shared_s its timing
+# beside other judges (under the shared lock) before any turn alone
 # a judge's GPU memory (GiB), what it reserved and what it held at most: recorded with the phases, never summed
 MEMORY = ("share_gib", "peak_gib", "compile_gib")
-PROBE_PHASES = ("start_s", "inputs_s", "call_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
+PROBE_PHASES = ("start_s", "inputs_s", "call_s", "shared_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
 
 
 def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], stopped: bool = False,
@@ -196,6 +202,16 @@ def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], st
         lowered = sorted(m["compile_gib"] for m in measured if isinstance(m.get("compile_gib"), (int, float)))
         if lowered:  # check tasks: the share they kept for their compile
             held += f", for the compile median {lowered[len(lowered) // 2]:.1f} (max {lowered[-1]:.1f})"
+    shared = [m for m in measured if isinstance(m.get("shared_ms"), (int, float))]
+    if shared:  # probes timed beside other judges first (judge.probe_task): how many that decided, how much
+        # sharing slowed the rest (their time shared over their time alone): whether a wider band could be decided so
+        decided = sum(m.get("decided") == "shared" for m in shared)
+        ratios = sorted(m["shared_ms"] / m["t_eager_ms"] for m in shared
+                        if m.get("decided") != "shared" and m.get("t_eager_ms"))
+        held += f"; timed shared {len(shared)}, decided there {decided}"
+        if ratios:
+            held += (f", the rest's shared/alone median {ratios[len(ratios) // 2]:.2f} "
+                     f"(p10 {ratios[len(ratios) // 10]:.2f}, p90 {ratios[len(ratios) * 9 // 10]:.2f})")
     done = f"{len(measured)}" if n is None else f"{len(measured)} of {n}" if stopped else f"{n}"
     tail = ""
     if done_at:

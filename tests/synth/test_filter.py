@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 
@@ -235,8 +236,6 @@ def test_a_check_task_compiles_on_its_second_set_and_compares_on_a_fresh_copy_of
 def test_on_a_gpu_a_check_task_lowers_its_memory_share_for_the_compile(tmp_path):
     """On a GPU, a check task's share of the memory budget during its compile is set b and its outputs
     (FILTER_SETS "filter-compile"), well under the checks' share, and the ledger is empty afterwards."""
-    import json
-
     from cudagym.eval.evaluate import run_reference_jobs
 
     chain = _task("chain", "pass", "return torch.tanh(x) * torch.sigmoid(x) + x", inputs="torch.randn(8192, 16384)")
@@ -267,6 +266,35 @@ def test_a_scale_probe_times_eager_only_and_reports_a_slow_call_s_time():
     assert slow["stage"] == "done" and slow["slow_call_s"] >= 0.4 and slow["t_eager_ms"] == pytest.approx(
         slow["slow_call_s"] * 1000)
     assert "timing_s" not in slow  # no reps of a call beyond the limit
+
+
+@pytest.mark.slow
+def test_a_probe_timed_under_the_floor_beside_other_judges_takes_no_timing_turn(tmp_path, monkeypatch):
+    """A probe is timed under the shared lock first (sharing only slows a kernel down): under the floor's
+    margin there, it is too fast alone too, and it ends without a turn of the lock alone. A probe above it
+    takes its turn, and its time alone is the answer. With no floor, every probe takes its turn. The lock's
+    trace counts the turns."""
+    from cudagym.eval import gpulock
+    from cudagym.eval.evaluate import run_reference_jobs
+    from cudagym.synth.filter import PROBE_SHARED_FLOOR
+
+    tasks = [TASKS["good"], _task("sleepy", "pass", "time.sleep(0.06)\n        return x * 2", imports="import time")]
+    turns = {}
+    for floor in (50.0, 0.0):
+        trace = tmp_path / f"floor-{floor:.0f}.jsonl"
+        monkeypatch.setenv(gpulock.TRACE_ENV, str(trace))
+        config = FilterConfig(device="cpu", task_timeout_s=180.0, seed=1, min_eager_ms=floor).probe_config()
+        assert config.fast_ms == (PROBE_SHARED_FLOOR * floor or None)
+        fast, slow = run_reference_jobs(tasks, "filter-probe", config)
+        turns[floor] = sum(json.loads(line)["lock"] == "ex" for line in trace.read_text().splitlines())
+        assert slow["stage"] == "done" and "timing_s" in slow and slow["t_eager_ms"] >= 60, slow
+        assert fast["stage"] == "done" and 0 < fast["t_eager_ms"] < 45, fast
+        if floor:
+            assert fast["decided"] == "shared" and fast["shared_ms"] == fast["t_eager_ms"] and "timing_s" not in fast
+            assert slow["shared_ms"] >= 60 and "decided" not in slow  # timed shared, then alone
+        else:
+            assert "shared_ms" not in fast and "timing_s" in fast and "shared_ms" not in slow
+    assert turns == {50.0: 1, 0.0: 2}
 
 
 @pytest.mark.slow
@@ -347,6 +375,11 @@ def test_a_pass_line_sums_the_judges_seconds_per_phase_over_the_tasks_that_repor
     lowered = [dict(m, compile_gib=gib) for m, gib in zip(on_gpu, (3.5, 1.25, 9.0))]
     assert pass_line("filter checks", 3, 12.4, lowered).endswith(
         "held median 1.5 (max 2.0), for the compile median 3.5 (max 9.0)")
+    # scale-search probes timed beside other judges first: how many that decided, how much sharing slowed the rest
+    probes = [{"shared_ms": 0.4, "t_eager_ms": 0.4, "decided": "shared"}, {"shared_ms": 3.0, "t_eager_ms": 2.0},
+              {"shared_ms": 6.0, "t_eager_ms": 5.0}, {"t_eager_ms": 40.0}]
+    assert pass_line("scale search probes", 4, 3.0, probes).endswith(
+        "none reported; timed shared 3, decided there 1, the rest's shared/alone median 1.50 (p10 1.20, p90 1.50)")
     # a decision keeps them beside its seconds (the build's stored phases), and a two-pass task its larger pass's
     kept = decide({**DONE, "wait_s": 2.0, "admit_s": 1.5, "share_gib": 11.6, "peak_gib": 1.5}, GPU_WINDOW_MS)
     assert kept.phases == {"wait_s": 2.0, "admit_s": 1.5, "share_gib": 11.6, "peak_gib": 1.5}
