@@ -576,8 +576,19 @@ class Evaluation:
                 return
             except Exception:  # an __init__ that needs CPU tensors (.numpy(), ...): the usual build
                 self.model = None
-        torch.manual_seed(self.init_seed)
-        self.model = self.ref.Model(*self.init_args).to(device)
+        self.construct_model()
+        self.model = self.model.to(device)
+
+    def construct_model(self) -> None:
+        """The model with weights from the secret seed, on the CPU (where `build_model` finds it and
+        moves it to the device): for a caller that builds it before taking the GPU lock, which a CPU
+        build does not need. Under the shared lock, a large model's CPU initialisation held it for
+        seconds, and with a timer queued no other judge got in meanwhile: on the H100 (session 35) the
+        filter's shared holds summed 609 judge-seconds in a 424 s call, 45% of it building models and
+        inputs, and for 149 s one reader held the lock alone while timers waited."""
+        if self.model is None:
+            torch.manual_seed(self.init_seed)
+            self.model = self.ref.Model(*self.init_args)
 
     def model64(self):
         if self._model64 is None:
@@ -1455,6 +1466,7 @@ def measure_task(ev: Evaluation, timed: bool = True, checked: bool = False) -> d
     longer than the request's slow_call_s (then nothing else is measured)."""
     out: dict = {"stage": "eager", "wait_s": 0.0}
     try:
+        constructed(ev, out)
         if timed:
             _measure_task(ev, out, checked)
         else:
@@ -1462,6 +1474,14 @@ def measure_task(ev: Evaluation, timed: bool = True, checked: bool = False) -> d
     except Exception as exc:  # the task's own failure, at the stage it reached
         out["error"] = f"{type(exc).__name__}: {exc}"[:400]
     return out
+
+
+def constructed(ev: Evaluation, out: dict) -> None:
+    """A filter task's model built on the CPU before its first GPU lock (`Evaluation.construct_model`),
+    its seconds in out["construct_s"]; inputs_s is then its move to the device and the inputs."""
+    t0 = time.perf_counter()
+    ev.construct_model()
+    out["construct_s"] = time.perf_counter() - t0
 
 
 def _model_and_two_sets(ev: Evaluation, out: dict) -> tuple[list, int, list]:
@@ -1546,15 +1566,20 @@ def _measure_task(ev: Evaluation, out: dict, checked: bool) -> None:
     out.update(stage="done", t_eager_ms=times["t_eager_ms"], t_compile_ms=times.get("t_compile_ms"))
 
 
-# A probe whose first call (one-off costs included) took under this many times the request's fast_ms is
-# timed under the shared lock first, beside the other judges' builds and checks; an answer under fast_ms
-# ends it without a timing turn. Sharing the GPU only slows a kernel down (other processes' kernels take
-# their time slices between its events, its L2 is flushed either way, its launches share the cores), so
-# a time under fast_ms shared is under it alone too: the search would hear "too fast" from either. The
-# exclusive turns were what the filter's judges waited for (session 34, H100: probes waited a median
-# 2.5-3.9 s for 0.04 s of timing, and ~47% of 7,837 probes timed under the 1 ms floor). The gate keeps
-# a probe that cannot be that fast from holding the shared lock through reps a timer would wait for.
-PROBE_SHARED_GATE = 20.0
+# A probe that may be faster than the request's fast_ms is timed under the shared lock first, beside the
+# other judges' builds and checks; an answer under fast_ms ends it without a timing turn. Sharing the GPU
+# only slows a kernel down (other processes' kernels take their time slices between its events, its L2 is
+# flushed either way, its launches share the cores), so a time under fast_ms shared is under it alone too:
+# the search would hear "too fast" from either. Probes waited a median 2.5-3.9 s for 0.04 s of timing
+# (session 34, H100), and ~47% of 7,837 probes timed under the 1 ms floor. On the H100 (session 35), the
+# probes timed both ways took a median 1.00x as long shared as alone (p10 0.99-1.00, p90 1.0-5.9).
+# Which may be that fast: a warm call (synchronised wall time, launches included: at least its GPU time)
+# under PROBE_SHARED_GATE x fast_ms, asked of a first call under PROBE_FIRST_CALL_GATE x fast_ms. A first
+# call alone, gated at 20x, let 176 of 612 probes through (one-off costs: first calls took a median
+# 30-150 ms in long-lived judges), and 101 were decided shared. The gates keep a probe that cannot be that
+# fast from holding the shared lock through reps a timer would wait for.
+PROBE_FIRST_CALL_GATE = 100.0
+PROBE_SHARED_GATE = 4.0
 # A probe's first call beyond this many times slow_call_s is not one-off costs (on the H200 those
 # reached 5 s against the filter's 2 s limit): no warm call then (the scale search's monsters took 8-21 s a call).
 PROBE_ONE_OFF_FACTOR = 5.0
@@ -1569,11 +1594,13 @@ def probe_task(ev: Evaluation) -> dict:
     the window, its time tells the search how far, and timing reps of a batched SVD would cost seconds each.
     With the request's fast_ms, a probe that may be that fast is timed under the shared lock first
     (shared_ms; PROBE_SHARED_GATE): under fast_ms, that is the answer (decided "shared").
+    The model is built on the CPU before the lock (construct_s), moved to the device under it.
     stage "done" with t_eager_ms (and slow_call_s when cut short), else the stage it failed at."""
     req, out = ev.req, {"stage": "eager", "wait_s": 0.0}
     try:
+        constructed(ev, out)
         t0 = time.perf_counter()
-        with gpu_lock(req.lock_path, exclusive=req.exclusive):  # shared: judges build and warm up side by side
+        with gpu_lock(req.lock_path, exclusive=req.exclusive):  # shared: judges move to the GPU and warm up side by side
             out["wait_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             ev.build_model()
@@ -1592,7 +1619,13 @@ def probe_task(ev: Evaluation) -> dict:
                 if call_s > req.slow_call_s:
                     out.update(stage="done", t_eager_ms=call_s * 1000, slow_call_s=call_s)
                     return out
-            if req.fast_ms is not None and call_s * 1000 < PROBE_SHARED_GATE * req.fast_ms:
+            warm_ms = None
+            if req.fast_ms is not None and call_s * 1000 < PROBE_FIRST_CALL_GATE * req.fast_ms:
+                t0 = time.perf_counter()
+                run_reference(ev.model, inputs)
+                warm_ms = synced_since(t0, req.device) * 1000
+                out["call_s"] += warm_ms / 1000
+            if warm_ms is not None and warm_ms < PROBE_SHARED_GATE * req.fast_ms:
                 t0 = time.perf_counter()
                 shared = time_reference(ev.model, None, [inputs], req.device, req.timing_mode,
                                         dataclasses.replace(req, max_reps=req.min_reps))

@@ -298,6 +298,29 @@ def test_a_probe_timed_under_the_floor_beside_other_judges_takes_no_timing_turn(
 
 
 @pytest.mark.slow
+def test_a_filter_judge_builds_its_model_on_the_cpu_before_it_takes_the_gpu_lock(tmp_path, monkeypatch):
+    """A model whose construction takes a while (a large model's CPU initialisation) is built before the
+    judge takes the GPU lock: no hold of the lock, shared or alone, lasts through it, in a probe, a check
+    task or a timing task. Its time is construct_s."""
+    from cudagym.eval import gpulock
+    from cudagym.eval.evaluate import run_reference_jobs
+
+    slow_init = _task("slow_init", "time.sleep(1.0)\n        self.linear = nn.Linear(16, 32)",
+                      "return torch.tanh(self.linear(x)) * 2", imports="import time")
+    config = FilterConfig(device="cpu", task_timeout_s=180.0, seed=1)
+    for mode, job_config in (("filter-probe", config.probe_config()), ("filter-check", config.eval_config()),
+                             ("filter-time", config.eval_config())):
+        trace = tmp_path / f"{mode}.jsonl"
+        monkeypatch.setenv(gpulock.TRACE_ENV, str(trace))
+        result = run_reference_jobs([slow_init], mode, job_config)[0]
+        assert result["stage"] in ("done", "checked") and not result.get("error"), result
+        assert result["construct_s"] >= 1.0, result
+        holds = [json.loads(line) for line in trace.read_text().splitlines()]
+        gpu = [h["released"] - h["got"] for h in holds if h["lock"] in ("sh", "ex")]
+        assert gpu and max(gpu) < 0.9, (mode, gpu)
+
+
+@pytest.mark.slow
 def test_a_probe_that_hangs_times_out_after_the_probe_budget_and_the_rest_of_its_judge_runs_in_one_new_judge():
     """A scale-search probe whose call runs on (on the H200, one ran past 200 s while its wave of 148
     waited) ends at the probe budget, not the filter's task budget; the search gets no time for it
