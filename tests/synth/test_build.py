@@ -218,8 +218,9 @@ def test_scale_search_sizes_candidates_into_the_window(tmp_path, kernelbench_pat
         assert 2 <= len(waves) <= 3  # a line per wave of probes
     assert all("; judge seconds " in line for line in waves)
     assert all(re.search(r"\bcall \d+ \(median [\d.]+\)", line) for line in waves)  # their untimed first calls
-    # the judges' starts and builds, and when the wave's results came in
-    assert all(re.search(r"\bstart \d+ \(median [\d.]+\), inputs \d+", line) for line in waves)
+    # the judges' starts, models built on the CPU, moves to the device and inputs, and when the results came in
+    assert all(re.search(r"\bstart \d+ \(median [\d.]+\), construct \d+ \(median [\d.]+\), inputs \d+", line)
+               for line in waves)
     assert all(re.search(r"; half done at \d+ s, the last at \d+ s$", line) for line in waves)
     assert [s["stage"] for s in funnel["stages"]][1:4] == ["compose", "scale", "dedup"]
     assert scale["in"] == stages["compose"]["kept"] and scale["in"] == scale["kept"] + sum(scale["dropped"].values())

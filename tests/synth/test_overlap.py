@@ -11,7 +11,7 @@ import pytest
 
 from cudagym.eval import evaluate
 from cudagym.synth.build import (BuildConfig, BuildStore, build_dataset, compose_ahead, compose_count, compose_stage,
-                                 compose_survival, crawl_stage, filter_beside, select)
+                                 compose_survival, crawl_stage, filter_beside, fresh_share, select)
 from cudagym.synth.filter import FilterResult
 from cudagym.synth.publish import build_command, read_build_rows
 from cudagym.tasks import Task
@@ -61,6 +61,8 @@ def test_the_planner_composes_for_the_next_round_at_the_survival_so_far(tmp_path
     assert compose_survival(_stages(10, 1, 0)) == 1.0  # too few composed to tell
     assert compose_count(_config(tmp_path), _stages(200, 100, 0), 30) == 60
     assert compose_count(_config(tmp_path, round_size=40), _stages(200, 100, 0), 30) == 40
+    # a round's cap counts what it sizes: with half its candidates repeats of stored ones, twice round_size
+    assert compose_count(_config(tmp_path, round_size=40), _stages(200, 100, 0), 50, fresh=0.5) == 80
     with _store_with_yield(tmp_path / "build.duckdb", kept=15, dropped=5) as store:  # yield 0.75
         # 30 rows missing, 20 filtered now (15 rows likely): 15 more rows need 15 / 0.75 x 1.1 = 22 filtered
         # next round, 10 of them still waiting after this batch, so 12 to reach the filter: 24 composed
@@ -68,6 +70,23 @@ def test_the_planner_composes_for_the_next_round_at_the_survival_so_far(tmp_path
         # what is waiting already covers it, or this batch likely gives every missing row: nothing
         assert compose_ahead(store, _config(tmp_path), _stages(200, 100, 60), missing=30, batch=20) == 0
         assert compose_ahead(store, _config(tmp_path), _stages(200, 100, 40), missing=12, batch=40) == 0
+
+
+def test_the_fresh_share_is_the_last_rounds_candidates_that_were_not_repeats_of_stored_ones(tmp_path):
+    from collections import Counter
+
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        assert fresh_share(store) == 1.0  # no round yet
+        store.add_round(0, Counter(scale_in=150, scale_dropped_duplicate_of_stored=0), [])  # older than the last three
+        for round_, repeats in ((1, 60), (2, 75), (3, 90)):
+            store.add_round(round_, Counter(scale_in=150, scale_dropped_duplicate_of_stored=repeats), [])
+        assert fresh_share(store) == pytest.approx(1 - 225 / 450)
+        # the planner composes past round_size by as much
+        stages = _stages(600, 200, 0)
+        assert compose_ahead(store, _config(tmp_path, round_size=40), stages, missing=100, batch=0) == 80
+        for round_ in (4, 5):
+            store.add_round(round_, Counter(scale_in=150, scale_dropped_duplicate_of_stored=150), [])
+        assert fresh_share(store) == 0.25  # 60 of 450 fresh, but never more than four times round_size
 
 
 def test_the_store_takes_writes_from_several_threads_at_once(tmp_path):
