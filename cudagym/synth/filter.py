@@ -173,13 +173,15 @@ class FilterResult:
 
 # a judge's seconds: FilterResult's fields. task_s is each task's whole time in its judge (start apart):
 # what it has beyond the phases before it is time no phase names; release_s the judge's clean-up between tasks
-PHASES = ("start_s", "construct_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
+PHASES = ("start_s", "construct_s", "inputs_s", "checks_s", "compile_s", "timing_s", "wait_s", "admit_s", "task_s",
+          "release_s")
 # a scale-search probe's seconds (judge.probe_task): call_s, its untimed eager calls (one-off costs, or
 # a monster's whole answer), is where a probe wave's GPU time goes besides its timing; shared_s its timing
 # beside other judges (under the shared lock) before any turn alone
 # a judge's GPU memory (GiB), what it reserved and what it held at most: recorded with the phases, never summed
 MEMORY = ("share_gib", "peak_gib", "compile_gib")
-PROBE_PHASES = ("start_s", "construct_s", "inputs_s", "call_s", "shared_s", "timing_s", "wait_s", "admit_s", "task_s", "release_s")
+PROBE_PHASES = ("start_s", "construct_s", "inputs_s", "call_s", "shared_s", "timing_s", "wait_s", "admit_s", "task_s",
+                "release_s")
 
 
 def pass_line(what: str, n: int | None, seconds: float, measured: list[dict], stopped: bool = False,
