@@ -3,7 +3,8 @@ shared or exclusive, and of the memory budget, one JSON line each).
 
 Splits the traced span by what the GPU lock was doing:
 - exclusive: a timing turn held it;
-- shared: readers (builds, inputs, first calls, checks, autotuning) held it, no timer;
+- shared: readers (builds, inputs, first calls, checks, autotuning) held it, no timer; the part of it
+  with a timer waiting is a drain (reported with the share of it one reader held alone);
 - handoff: nobody held it while someone waited for it (a reader let in after a timer, flock wake-ups);
 - idle, waiting for memory: nobody held or wanted it while judges waited to be admitted to the memory budget;
 - idle: nobody held, wanted it or waited for memory (judges compiling, starting, between tasks, or none).
@@ -43,17 +44,19 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 def intervals(events: list[dict]):
     """The traced span cut where anything changes: (start s, end s, the lock's state, judges admitted to
-    the memory budget, GiB they reserved), in order."""
+    the memory budget, GiB they reserved, readers holding the lock, timers waiting for it), in order."""
     # +1/-1 at each boundary of each hold's wait (asked..got) and hold (got..released), per lock kind
     deltas: list[tuple[float, str, float]] = []
     for e in events:
         kind = "gpu" if e["lock"] in ("ex", "sh") else "mem"
         deltas += [(e["asked"], f"{kind}_wait", 1), (e["got"], f"{kind}_wait", -1)]
+        if e["lock"] == "ex":
+            deltas += [(e["asked"], "ex_wait", 1), (e["got"], "ex_wait", -1)]
         deltas += [(e["got"], e["lock"], 1), (e["released"], e["lock"], -1)]
         if kind == "mem":
             deltas += [(e["got"], "gib", e.get("gib", 0.0)), (e["released"], "gib", -e.get("gib", 0.0))]
     deltas.sort(key=lambda d: d[0])
-    level = {"gpu_wait": 0, "mem_wait": 0, "ex": 0, "sh": 0, "mem": 0, "gib": 0.0}
+    level = {"gpu_wait": 0, "mem_wait": 0, "ex_wait": 0, "ex": 0, "sh": 0, "mem": 0, "gib": 0.0}
     t = deltas[0][0] if deltas else 0.0
     for at, key, step in deltas:
         if at > t:
@@ -67,7 +70,7 @@ def intervals(events: list[dict]):
                 state = "idle, waiting for memory"
             else:
                 state = "idle"
-            yield t, at, state, level["mem"], level["gib"]
+            yield t, at, state, level["mem"], level["gib"], level["sh"], level["ex_wait"]
             t = at
         level[key] += step
 
@@ -75,14 +78,19 @@ def intervals(events: list[dict]):
 def summarize(events: list[dict]) -> dict:
     """{"span_s", "states": {state: seconds}, "holds": {lock: {...}}, "memory": {...}} (see the module)."""
     if not events:
-        return {"span_s": 0.0, "states": {s: 0.0 for s in STATES}, "holds": {}, "memory": {}}
+        return {"span_s": 0.0, "states": {s: 0.0 for s in STATES}, "drain_s": 0.0, "drain_one_reader_s": 0.0,
+            "holds": {}, "memory": {}}
     start = min(e["asked"] for e in events)
     end = max(e["released"] for e in events)
     states = {s: 0.0 for s in STATES}
     admitted_s = reserved_gib_s = 0.0
     most_admitted, most_gib = 0, 0.0
-    for t0, t1, state, admitted, gib in intervals(events):
+    drain = {"drain_s": 0.0, "drain_one_reader_s": 0.0}
+    for t0, t1, state, admitted, gib, readers, timers_waiting in intervals(events):
         states[state] += t1 - t0
+        if state == "shared" and timers_waiting:  # a drain: no new reader gets in under writers-first
+            drain["drain_s"] += t1 - t0
+            drain["drain_one_reader_s"] += (t1 - t0) if readers == 1 else 0.0
         admitted_s += admitted * (t1 - t0)
         reserved_gib_s += gib * (t1 - t0)
         most_admitted, most_gib = max(most_admitted, admitted), max(most_gib, gib)
@@ -101,7 +109,7 @@ def summarize(events: list[dict]) -> dict:
     if "mem" in holds and span:
         memory = {"admitted_mean": admitted_s / span, "admitted_max": most_admitted,
                   "reserved_gib_mean": reserved_gib_s / span, "reserved_gib_max": most_gib}
-    return {"span_s": span, "states": states, "holds": holds, "memory": memory}
+    return {"span_s": span, "states": states, **drain, "holds": holds, "memory": memory}
 
 
 def timeline(events: list[dict], bins: int = 120) -> tuple[list[float], dict[str, list[float]]]:
@@ -111,7 +119,7 @@ def timeline(events: list[dict], bins: int = 120) -> tuple[list[float], dict[str
     start = min(e["asked"] for e in events)
     width = max(1e-9, (max(e["released"] for e in events) - start) / bins)
     shares = {s: [0.0] * bins for s in STATES}
-    for t0, t1, state, _, _ in intervals(events):
+    for t0, t1, state, *_ in intervals(events):
         i = min(bins - 1, int((t0 - start) / width))
         while t0 < t1:  # an interval may cross bins; a bin's edge that rounding puts at t0 moves on to the next
             edge = t1 if i >= bins - 1 else min(t1, start + (i + 1) * width)
@@ -146,6 +154,10 @@ def report(summary: dict) -> str:
     span = summary["span_s"] or 1.0
     lines = [f"# GPU lock trace: {summary['span_s']:.0f} s", "", "| the GPU lock was | s | share |", "| --- | --- | --- |"]
     lines += [f"| {state} | {seconds:.1f} | {seconds / span:.1%} |" for state, seconds in summary["states"].items()]
+    lines += ["", f"Drains (readers hold the lock while a timer waits for it): {summary['drain_s']:.1f} s, "
+                  f"{summary['drain_s'] / span:.1%} of the span; {summary['drain_one_reader_s']:.1f} s of it with one "
+                  "reader alone (a long build, call or check that every timer, and under writers-first every "
+                  "reader, waits for)."]
     names = {"ex": "exclusive (timing turns)", "sh": "shared (readers)", "mem": "memory budget"}
     lines += ["", "| holds | n | per s | judges | wait sum s | wait p50 s | wait p90 s | held sum s | held p50 s | held p90 s |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -563,6 +563,22 @@ def test_a_traced_run_records_every_hold_and_no_timing_turn_overlaps_another_hol
     assert tool.main([str(tmp_path / "missing.jsonl")]) == 2
 
 
+def test_the_trace_report_says_how_long_readers_kept_a_waiting_timer_out():
+    """A drain: readers hold the lock while a timer waits for it. Reader a holds 0-2 s, reader b 0.2-1 s; the
+    timer asks at 0.5 s and gets the lock at 2 s: a drain of 1.5 s, 1 s of it with reader a alone."""
+    tool = _trace_report()
+    t = 1_800_000_000.0
+    events = [{"lock": "sh", "pid": 1, "asked": t, "got": t, "released": t + 2.0},
+              {"lock": "sh", "pid": 2, "asked": t + 0.2, "got": t + 0.2, "released": t + 1.0},
+              {"lock": "ex", "pid": 3, "asked": t + 0.5, "got": t + 2.0, "released": t + 2.1}]
+    summary = tool.summarize(events)
+    assert summary["drain_s"] == pytest.approx(1.5, abs=1e-6)
+    assert summary["drain_one_reader_s"] == pytest.approx(1.0, abs=1e-6)
+    assert summary["states"]["shared"] == pytest.approx(2.0, abs=1e-6)  # a drain is shared time, split further
+    assert "Drains (readers hold the lock while a timer waits for it): 1.5 s, 71.4% of the span; 1.0 s" in tool.report(summary)
+    assert tool.summarize([])["drain_s"] == 0.0
+
+
 def test_without_the_trace_setting_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv(gpulock.TRACE_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
