@@ -514,6 +514,7 @@ class Evaluation:
         self.init_args = list(self.ref.get_init_inputs())
         self.init_seed = self.rng.getrandbits(63)
         self.model = None
+        self._constructed = None  # construct_model's CPU build, until build_model moves it to the device
         self._model64 = None
         self.share_bytes: int | None = None  # this evaluation's share of the GPU memory budget, once reserved
         self.lowered_bytes: int | None = None  # the share it held after lower_share, where it lowered it
@@ -577,7 +578,7 @@ class Evaluation:
             except Exception:  # an __init__ that needs CPU tensors (.numpy(), ...): the usual build
                 self.model = None
         self.construct_model()
-        self.model = self.model.to(device)
+        self.model, self._constructed = self._constructed.to(device), None
 
     def construct_model(self) -> None:
         """The model with weights from the secret seed, on the CPU (where `build_model` finds it and
@@ -585,10 +586,11 @@ class Evaluation:
         build does not need. Under the shared lock, a large model's CPU initialisation held it for
         seconds, and with a timer queued no other judge got in meanwhile: on the H100 (session 35) the
         filter's shared holds summed 609 judge-seconds in a 424 s call, 45% of it building models and
-        inputs, and for 149 s one reader held the lock alone while timers waited."""
-        if self.model is None:
+        inputs, and for 149 s one reader held the lock alone while timers waited. Each call of
+        `build_model` takes a model built here once, or builds one itself."""
+        if self._constructed is None:
             torch.manual_seed(self.init_seed)
-            self.model = self.ref.Model(*self.init_args)
+            self._constructed = self.ref.Model(*self.init_args)
 
     def model64(self):
         if self._model64 is None:
