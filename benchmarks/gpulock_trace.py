@@ -79,7 +79,7 @@ def summarize(events: list[dict]) -> dict:
     """{"span_s", "states": {state: seconds}, "holds": {lock: {...}}, "memory": {...}} (see the module)."""
     if not events:
         return {"span_s": 0.0, "states": {s: 0.0 for s in STATES}, "drain_s": 0.0, "drain_one_reader_s": 0.0,
-            "holds": {}, "memory": {}}
+                "holds": {}, "memory": {}}
     start = min(e["asked"] for e in events)
     end = max(e["released"] for e in events)
     states = {s: 0.0 for s in STATES}
