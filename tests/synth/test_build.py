@@ -295,3 +295,22 @@ def test_a_rerun_under_other_versions_says_so(tmp_path):
         line = store.check_versions({**current, "torch": "2.11.0+cu130", "cudagym": "9.9"})
     assert line.startswith("this build was started with other versions (torch ") and "-> 2.11.0+cu130" in line
     assert "cudagym" not in line  # our own version changes with every commit; it is recorded, not compared
+
+
+def test_labels_are_read_once_per_candidate_and_stay_what_the_code_says(tmp_path):
+    from cudagym.synth.build import label_stage
+
+    good = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x).sum(1)\n"
+    none = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        tasks = [Task(id=f"t{i}", name=f"t{i}", code=code) for i, code in enumerate([good, none, "def broken(:\n"])]
+        store.add_candidates(tasks, 0)
+        seqs = {seq for seq, _ in store.candidates()}
+        first = label_stage(store, seqs)
+        assert [t.provenance["ops"] for _, t in first[0]] == [["relu", "sum"]]
+        assert first[1]["dropped"] == {"no_ops": 1, "unparsable": 1}
+        assert len(store.labels) == 3  # each candidate read once, whatever it gave
+        first[0][0][1].provenance["ops"].append("changed by a caller")  # a caller's list is its own
+        second = label_stage(store, seqs)
+        assert [t.provenance for _, t in second[0]] == [{"ops": ["relu", "sum"], "data_source": "torch#2"}]
+        assert second[1] == first[1]
