@@ -359,15 +359,30 @@ def crawl_stage(config: BuildConfig) -> tuple[list, dict]:
                    "sources": dict(Counter("transformers" if s.qualified_name.startswith("transformers") else "torch" for s in seeds))}
 
 
+def compose_round(seeds: list, config: BuildConfig, round_: int, n_tasks: int,
+                  stop: threading.Event | None = None) -> tuple[ComposeStep, list[Task]]:
+    """Round `round_`'s composed candidates (before any scale search) and the step that counted them;
+    deterministic given the round and n_tasks. stop: set, the composing ends after the candidate in hand
+    (a round composed ahead that the build no longer needs)."""
+    step = ComposeStep(config.compose_config(round_, n_tasks), progress=lambda line: _say(f"compose round {round_}: {line}"))
+    composed = []
+    for task in step.run(seeds):
+        if stop is not None and stop.is_set():
+            break
+        composed.append(task)
+    return step, composed
+
+
 def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, n_tasks: int,
-                  judges: StandingJudges | None = None) -> int:
+                  judges: StandingJudges | None = None, composed: Future | None = None) -> int:
     """Compose n_tasks candidates in round `round_` (skipped if that round is stored); new candidates added.
-    judges: the build's standing judges, whose probe feed sizes them (`scale_stage`)."""
+    judges: the build's standing judges, whose probe feed sizes them (`scale_stage`). composed: this
+    round's `compose_round`, already under way on another thread (`RoundAhead`)."""
     if round_ in store.rounds():
         return 0
-    step = ComposeStep(config.compose_config(round_, n_tasks), progress=lambda line: _say(f"compose round {round_}: {line}"))
     try:
-        tasks = composed = list(step.run(seeds))
+        step, composed = composed.result() if composed is not None else compose_round(seeds, config, round_, n_tasks)
+        tasks = composed
         if config.scale_search:
             tasks = scale_stage(store, seeds, config, round_, composed, judges)
     except ComposeStopped as e:  # the round is not stored; what was answered is in the composer's cache
@@ -807,6 +822,7 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
     GPU-minute against 41.0), its first decision at once: the judges' waits for the GPU lock and the
     memory budget, not the barrier, hold it. `select`'s result."""
     filter_config = config.filter_config()
+    ahead = RoundAhead(seeds, config)
     stream = FilterStream(judges.checks, judges.check_pool.worker.env, filter_config,
                           on_result=lambda task, result: store.add_filtered(task.sha256, result),
                           checked=store.checked(), on_checked=lambda task, measured: store.add_checked(task.sha256, measured),
@@ -836,10 +852,18 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
             else:
                 # at most a backlog's worth ahead of the filter: a stop loses the candidates in flight's work
                 _wait_for(stream, serving, lambda: stream.outstanding <= stream_backlog(config))
-                n = compose_count(config, stages, filter_batch(store, config, math.ceil(short)), fresh_share(store))
-                if rounds == 0 and not stream.outstanding:  # the filter idles until this round is sized: a third
-                    n = math.ceil(n / 3)  # of a round reaches it sooner (a call's start: on the H100 53 s to the first decision)
-                compose_stage(store, seeds, config, next_round(store), n, judges)
+                round_ = next_round(store)
+                n, composed = ahead.take(round_)
+                if composed is None:
+                    n = compose_count(config, stages, filter_batch(store, config, math.ceil(short)), fresh_share(store))
+                    if rounds == 0 and not stream.outstanding:  # the filter idles until this round is sized: a third
+                        n = math.ceil(n / 3)  # of a round reaches it sooner (a call's start: on the H100 53 s to the first decision)
+                # the round after this one composes while this one is sized, for what would then still be short
+                short_next = short - n * compose_survival(stages) * rate
+                if rounds + 1 < config.max_rounds and short_next > 0:
+                    ahead.start(round_ + 1, compose_count(config, stages, filter_batch(store, config, math.ceil(short_next)),
+                                                          fresh_share(store)))
+                compose_stage(store, seeds, config, round_, n, judges, composed=composed)
                 rounds += 1
                 stream.report()  # the filter's lines since the round before: a pair a round
         stream.close()
@@ -858,7 +882,44 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
         _stop(serving)
         stream.report(stopped=True)
         raise
+    finally:
+        ahead.close()
     return select(store, config)
+
+
+class RoundAhead:
+    """The next round's composing (`compose_round`) on a thread of its own, started as this round's scale
+    search begins: the search waits on the judges' probes, and the composing (with `select`, the main
+    thread's work between two rounds) left the probe judges idle between rounds, 2-5 s of each ~40 s
+    round on the H200 (session 35). The programmatic composer only: the llm composer waits on its
+    endpoint with its own concurrency, and its stops (endpoint down, call cap) belong to the round that
+    asked. A round composed ahead is deterministic (`compose_round`), so one the build no longer needs
+    (the target met, a stop) is dropped and nothing is lost."""
+
+    def __init__(self, seeds: list, config: BuildConfig):
+        self.seeds, self.config = seeds, config
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudagym-compose") \
+            if config.composer == "programmatic" else None
+        self.stop = threading.Event()
+        self.round: int | None = None
+        self.n = 0
+        self.future: Future | None = None
+
+    def start(self, round_: int, n_tasks: int) -> None:
+        if self.thread is not None and n_tasks > 0:
+            self.round, self.n = round_, n_tasks
+            self.future = self.thread.submit(compose_round, self.seeds, self.config, round_, n_tasks, self.stop)
+
+    def take(self, round_: int) -> tuple[int, Future | None]:
+        """(n_tasks, its future) if round `round_` was started ahead, else (0, None); either way, forgotten."""
+        taken = (self.n, self.future) if self.future is not None and self.round == round_ else (0, None)
+        self.round, self.n, self.future = None, 0, None
+        return taken
+
+    def close(self) -> None:
+        self.stop.set()  # a round under way ends after its candidate in hand; none waits for it
+        if self.thread is not None:
+            self.thread.shutdown(wait=False, cancel_futures=True)
 
 
 def stream_backlog(config: BuildConfig) -> int:

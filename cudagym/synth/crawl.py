@@ -26,6 +26,7 @@ import os
 import pickle
 import re
 import sys
+import threading
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -550,17 +551,31 @@ class SeedError(Exception):
         self.reason, self.detail = reason, detail
 
 
+_SINGLE_THREADED = threading.Lock()
+_single_threaded_users = 0
+_threads_before = 0
+
+
 @contextlib.contextmanager
 def single_threaded():
-    """One intra-op thread: tiny tensors run ~50x faster than with threads contending on a busy box."""
+    """One intra-op thread: tiny tensors run ~50x faster than with threads contending on a busy box.
+    The setting is the process's: counted across Python threads (a streamed build composes the next
+    round on a thread of its own while this one is sized), the first in sets it, the last out restores it."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    global _single_threaded_users, _threads_before
+    with _SINGLE_THREADED:
+        if _single_threaded_users == 0:
+            _threads_before = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _single_threaded_users += 1
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        with _SINGLE_THREADED:
+            _single_threaded_users -= 1
+            if _single_threaded_users == 0:
+                torch.set_num_threads(_threads_before)
 
 
 def exec_task(code: str) -> dict[str, Any]:

@@ -391,9 +391,9 @@ def test_a_streamed_build_sends_each_round_to_the_filter_without_waiting_for_the
             adds.append(in_flight)
         return sent
 
-    def recorded_compose(store, seeds, config, round_, n, judges=None):
+    def recorded_compose(store, seeds, config, round_, n, judges=None, composed=None):
         composes.append((round_, n, [s.outstanding for s in live]))
-        return compose(store, seeds, config, round_, n, judges)
+        return compose(store, seeds, config, round_, n, judges, composed)
 
     live: list[FilterStream] = []
     init = FilterStream.__init__
@@ -409,6 +409,77 @@ def test_a_streamed_build_sends_each_round_to_the_filter_without_waiting_for_the
     assert composes[0][1] <= 2 and all(n <= 4 for _, n, _ in composes), composes  # a third of a round first
     assert all(outstanding[0] <= build.stream_backlog(config) for _, _, outstanding in composes), composes
     assert not evaluate._LIVE_JUDGES and not [t for t in threading.enumerate() if t.name.startswith("fed-judge")]
+
+
+@pytest.mark.slow
+def test_a_streamed_build_composes_the_next_round_while_this_one_is_sized(tmp_path, kernelbench_path, monkeypatch):
+    """The round after this one is composed on a thread of its own (`RoundAhead`) while this one is sized
+    and stored; what a round stores is what composing it in line would give (`compose_round` depends on the
+    round and its size only), and no composing thread outlives the build."""
+    from cudagym.synth import build
+    from cudagym.synth.filter import FilterStream
+
+    calls, compose_round = [], build.compose_round
+
+    def recorded_compose_round(seeds, config, round_, n, stop=None):
+        calls.append((round_, n, threading.current_thread().name))
+        return compose_round(seeds, config, round_, n, stop)
+
+    handle = FilterStream._handle
+    monkeypatch.setattr(FilterStream, "_handle", lambda self, *a: (time.sleep(0.3), handle(self, *a))[1])
+    monkeypatch.setattr(build, "compose_round", recorded_compose_round)
+    config = _config(tmp_path, target=10, overlap=True, round_size=4, filter_passes=2, filter_stream=True, max_rounds=30)
+    funnel = build_dataset(config)
+    assert funnel["status"] == "complete"
+    ahead = [(r, n) for r, n, thread in calls if thread.startswith("cudagym-compose")]
+    assert ahead, calls  # rounds composed ahead, on the compose thread
+    seeds, _ = crawl_stage(config)
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        by_round = {}
+        for seq, task in store.candidates():
+            by_round.setdefault(store.db.execute("SELECT round FROM candidates WHERE seq = ?", [seq]).fetchone()[0],
+                                set()).add(task.sha256)
+        stored_rounds = sorted(store.rounds())
+    used = {r: n for r, n in ahead if r in stored_rounds}
+    assert used, (ahead, stored_rounds)  # a round composed ahead was the one stored
+    earlier = set()
+    for round_ in stored_rounds:
+        n = used.get(round_) or next(n for r, n, _ in calls if r == round_)
+        inline = {t.sha256 for t in compose_round(seeds, config, round_, n)[1]}
+        mine = by_round.get(round_, set())
+        assert mine <= inline and inline - mine <= earlier, round_  # all it composed, but for repeats of earlier rounds
+        earlier |= inline
+    deadline = time.monotonic() + 10
+    while [t for t in threading.enumerate() if t.name.startswith("cudagym-compose")] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [t for t in threading.enumerate() if t.name.startswith("cudagym-compose")]
+
+
+def test_a_round_composed_ahead_stops_with_the_build(tmp_path):
+    """`RoundAhead.close` ends a round under way after the candidate in hand; `take` hands over only the round
+    that was started."""
+    from cudagym.synth.build import RoundAhead
+
+    config = _config(tmp_path)
+    seeds, _ = crawl_stage(config)
+    ahead = RoundAhead(seeds, config)
+    ahead.start(7, 3)
+    assert ahead.take(6) == (0, None) and ahead.take(7) == (0, None)  # a round not asked for is forgotten
+    ahead.start(8, 3)
+    n, future = ahead.take(8)
+    step, composed = future.result(timeout=60)
+    assert n == 3 and len(composed) == 3 and step.stats["kept"] == 3
+    ahead.start(9, 100_000)
+    started = time.monotonic()
+    while not ahead.future.running():
+        time.sleep(0.01)
+    ahead.close()
+    step, composed = ahead.future.result(timeout=30)
+    assert len(composed) < 100_000 and time.monotonic() - started < 30
+    ahead = RoundAhead(seeds, _config(tmp_path, composer="llm"))
+    ahead.start(1, 3)  # the llm composer composes in the round that asks, never ahead
+    assert ahead.take(1) == (0, None)
+    ahead.close()
 
 
 @pytest.mark.slow
@@ -483,7 +554,7 @@ def test_a_streamed_build_whose_composer_stops_lets_the_filter_decide_what_it_ho
 
     compose, calls, in_flight_at_stop, streams = build.compose_stage, [], [], []
 
-    def stopping_compose(store, seeds, config, round_, n, judges=None):
+    def stopping_compose(store, seeds, config, round_, n, judges=None, composed=None):
         calls.append(round_)
         if len(calls) == 2:  # a round of two slow candidates
             slow = [Task(id=f"slow{i}", name=f"slow{i}", code=SLOW.format(op=op), source="synth",
@@ -495,7 +566,7 @@ def test_a_streamed_build_whose_composer_stops_lets_the_filter_decide_what_it_ho
         if len(calls) == 3:  # then the endpoint goes away, while the judges check them
             in_flight_at_stop.extend(s.outstanding for s in streams)
             raise ComposeStopped("endpoint_down", "the endpoint stopped answering")
-        return compose(store, seeds, config, round_, n, judges)
+        return compose(store, seeds, config, round_, n, judges, composed)
 
     init = FilterStream.__init__
     monkeypatch.setattr(FilterStream, "__init__", lambda self, *a, **k: (init(self, *a, **k), streams.append(self))[0])
