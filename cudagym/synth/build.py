@@ -30,6 +30,7 @@ import math
 import platform
 import sys
 import threading
+import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -295,6 +296,12 @@ class BuildStore:
             added += 1
         return added
 
+    def candidate_count(self) -> int:
+        return self.db.execute("SELECT count(*) FROM candidates").fetchone()[0]
+
+    def round_candidates(self, round_: int) -> int:
+        return self.db.execute("SELECT count(*) FROM candidates WHERE round = ?", [round_]).fetchone()[0]
+
     def rounds(self) -> dict[int, dict]:
         return {r: {"stats": json.loads(s), "rejects": json.loads(j)}
                 for r, s, j in self.db.execute("SELECT round, stats, rejects FROM compose_rounds").fetchall()}
@@ -374,23 +381,27 @@ def compose_round(seeds: list, config: BuildConfig, round_: int, n_tasks: int,
 
 
 def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, n_tasks: int,
-                  judges: StandingJudges | None = None, composed: Future | None = None) -> int:
+                  judges: StandingJudges | None = None, composed: Future | None = None, feed=None) -> int:
     """Compose n_tasks candidates in round `round_` (skipped if that round is stored); new candidates added.
     judges: the build's standing judges, whose probe feed sizes them (`scale_stage`). composed: this
-    round's `compose_round`, already under way on another thread (`RoundAhead`)."""
+    round's `compose_round`, already under way on another thread (`RoundAhead`). feed: with streamed
+    probes, each candidate is stored as its search ends, not with the round, and feed() is called every few
+    seconds meanwhile (`streamed_rounds` sends what is stored on to the filter)."""
     if round_ in store.rounds():
         return 0
     try:
         step, composed = composed.result() if composed is not None else compose_round(seeds, config, round_, n_tasks)
         tasks = composed
         if config.scale_search:
-            tasks = scale_stage(store, seeds, config, round_, composed, judges)
+            store_now = (lambda task: store.add_candidates([task], round_)) if feed is not None else None
+            tasks = scale_stage(store, seeds, config, round_, composed, judges, on_task=store_now, tick=feed)
     except ComposeStopped as e:  # the round is not stored; what was answered is in the composer's cache
         e.progress = f"round {round_} unfinished ({e.progress})" if e.progress else f"round {round_} unfinished"
         raise
     except KeyboardInterrupt:
         raise ComposeStopped("interrupted", f"{INTERRUPTED}; round {round_} unfinished") from None
-    added = store.add_candidates(tasks, round_)
+    store.add_candidates(tasks, round_)
+    added = store.round_candidates(round_)  # also those stored as they were sized, or before a stop mid-round
     stats = Counter(step.stats)
     # the same code as an earlier round's candidate: dropped by the last stage before the store
     last = "scale_" if config.scale_search else ""
@@ -407,11 +418,13 @@ def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: i
 
 
 def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, composed: list[Task],
-                judges: StandingJudges | None = None) -> list[Task]:
+                judges: StandingJudges | None = None, on_task=None, tick=None) -> list[Task]:
     """Size the composed candidates to the window (`scale.size_chains`, probes timed by the filter's
     judges, `filter.eager_times`), each result stored as its search ends (a stopped round re-composes
     the same candidates and sizes only the rest); the sized tasks, in compose order. judges: the build's
-    standing judges, whose probe feed, where it has one, times the probes."""
+    standing judges, whose probe feed, where it has one, times the probes. With streamed probes,
+    on_task(sized task) hears each as its search ends, and tick() is called every few seconds meanwhile
+    (`size_chains`)."""
     from cudagym.eval.batch import open_pool
     from cudagym.synth.filter import eager_times, streamed_probes
     from cudagym.synth.scale import ScaleChoice, size_chains
@@ -434,9 +447,13 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
                         filter_config.address)) as pool:
             ended = 0
 
+            by_sha = {task.sha256: task for task in composed}
+
             def on_sized(sha: str, task: Task | None, choice) -> None:  # stored as it ends, with a line now and then
                 nonlocal ended
                 store.add_sized(sha, task, choice)
+                if task is not None and on_task is not None:
+                    on_task(sized_task(by_sha[sha], {"task": task, "eager_ms": choice.eager_ms, "probes": choice.probes}))
                 ended += 1
                 if ended % 50 == 0 or ended == len(chains):
                     _say(f"compose round {round_}: scale search {ended} of {len(chains)} ended")
@@ -444,20 +461,21 @@ def scale_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int
             if standing or config.probes == "streamed" and getattr(pool, "in_process", False):
                 with streamed_probes(pool, filter_config, say=_say, feed=judges.probes if standing else None) as stream:
                     size_chains(chains, None, config.search_config(), config.compose_config(round_),
-                                on_sized=on_sized, stream=stream)
+                                on_sized=on_sized, stream=stream, tick=tick)
             else:
                 size_chains(chains, lambda tasks: eager_times(tasks, filter_config, pool, say=_say),
                             config.search_config(), config.compose_config(round_), on_sized=on_sized)
         done = store.sized()
-    sized = []
-    for task in composed:
-        found = done[task.sha256]
-        if found["task"] is not None:  # the scale-1 task's provenance, with what the search chose
-            provenance = {**found["task"].provenance, "scale_eager_ms": found["eager_ms"],
-                          "scale_probes": {str(k): v for k, v in sorted(found["probes"].items())}}
-            code = found["task"].code
-            sized.append(dataclasses.replace(task, id=f"synth/{sha256_text(code)[:12]}", code=code, provenance=provenance))
-    return sized
+    return [sized_task(task, done[task.sha256]) for task in composed if done[task.sha256]["task"] is not None]
+
+
+def sized_task(composed: Task, found: dict) -> Task:
+    """The candidate a composed one became in the scale search (`BuildStore.sized`'s entry, or one alike:
+    the sized task, its eager ms and probes): the sized code, with the search's choice in the provenance."""
+    provenance = {**found["task"].provenance, "scale_eager_ms": found["eager_ms"],
+                  "scale_probes": {str(k): v for k, v in sorted(found["probes"].items())}}
+    code = found["task"].code
+    return dataclasses.replace(composed, id=f"synth/{sha256_text(code)[:12]}", code=code, provenance=provenance)
 
 
 # The scale stage's drop reason (beside scale.REASONS) for a composed candidate that dedup would drop after
@@ -829,18 +847,37 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
                           say=_say)
     serving = filter_thread.submit(stream.serve)
     rounds = 0
+
+    def fill() -> tuple:
+        """Send the filter what the missing rows need, beyond what it already has: (labelled, stages,
+        missing rows, the filter's yield, candidates waiting, room the filter had for them)."""
+        reached = reaching_filter(store, config)
+        labelled, stages = select(store, config, reached=reached)
+        missing = config.target - len(labelled)
+        rate = filter_rate(store)
+        waiting = waiting_candidates(store, reached[0], stages, stream)
+        room = filter_batch(store, config, math.ceil(max(0.0, missing - stream.outstanding * rate)))
+        stream.add(waiting[:room])
+        return labelled, stages, missing, rate, waiting, room
+
+    filled = {"at": time.monotonic(), "stored": 0}
+
+    def feed() -> None:
+        """During a round's scale search: the candidates sized so far go on to the filter, at most every
+        FEED_S, instead of all at the round's end. A round's filter work used to start with its slowest
+        search's end, then compile before it held the GPU: on the H200 (session 35) the GPU lock stood
+        idle 10-25 s of each ~40-s round."""
+        stored = store.candidate_count()
+        if stored == filled["stored"] or time.monotonic() - filled["at"] < FEED_S:
+            return
+        filled["at"], filled["stored"] = time.monotonic(), stored
+        fill()
+
     try:
         while True:
-            reached = reaching_filter(store, config)
-            labelled, stages = select(store, config, reached=reached)
-            missing = config.target - len(labelled)
+            labelled, stages, missing, rate, waiting, room = fill()
             if missing <= 0 and not stream.outstanding:
                 break
-            rate = filter_rate(store)
-            waiting = waiting_candidates(store, reached[0], stages, stream)
-            # feed the filter what the missing rows need, beyond what it already has
-            room = filter_batch(store, config, math.ceil(max(0.0, missing - stream.outstanding * rate)))
-            stream.add(waiting[:room])
             short = missing - stream.outstanding * rate - max(0, len(waiting) - room) * rate
             if rounds >= config.max_rounds or short <= 0:  # nothing more to compose: wait for the decisions
                 if not stream.outstanding:
@@ -863,7 +900,7 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
                 if rounds + 1 < config.max_rounds and short_next > 0:
                     ahead.start(round_ + 1, compose_count(config, stages, filter_batch(store, config, math.ceil(short_next)),
                                                           fresh_share(store)))
-                compose_stage(store, seeds, config, round_, n, judges, composed=composed)
+                compose_stage(store, seeds, config, round_, n, judges, composed=composed, feed=feed)
                 rounds += 1
                 stream.report()  # the filter's lines since the round before: a pair a round
         stream.close()
@@ -920,6 +957,9 @@ class RoundAhead:
         self.stop.set()  # a round under way ends after its candidate in hand; none waits for it
         if self.thread is not None:
             self.thread.shutdown(wait=False, cancel_futures=True)
+
+
+FEED_S = 3.0  # a streamed build sends a round's sized candidates to the filter this often (`streamed_rounds`)
 
 
 def stream_backlog(config: BuildConfig) -> int:

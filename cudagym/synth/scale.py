@@ -229,7 +229,8 @@ def size_chain(seeds: Sequence[Seed], measure: Callable[[Task], float | None], c
 def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list[Task]], list[float | None]] | None,
                 config: ScaleSearch, compose: ComposeConfig | None = None,
                 on_sized: Callable[[str, Task | None, ScaleChoice], None] | None = None,
-                stream: Callable[[Task, Callable[[float | None], None]], None] | None = None) -> None:
+                stream: Callable[[Task, Callable[[float | None], None]], None] | None = None,
+                tick: Callable[[], None] | None = None, tick_s: float = 2.0) -> None:
     """`size_chain` for every chain of `chains` ({key: seeds}); on_sized(key, task or None, choice)
     runs in this thread as each search ends. A search's next probe depends on its last, so probes
     cannot be listed ahead: each search runs in its own thread. With `time_tasks`, when every search
@@ -238,7 +239,10 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
     `stream` instead (stream(task, answer): answer(eager ms or None) is called once, from any thread,
     when the task is timed; `feed.JudgeFeed`), each probe goes to the judges the moment its search
     asks, and no search waits for the others. The threads take turns (a search runs only while
-    holding `turn`, released while it waits), so composing is never concurrent."""
+    holding `turn`, released while it waits), so composing is never concurrent. tick: with `stream`,
+    called in this thread at least every tick_s while searches run and after searches end, with `turn`
+    released (the searches go on meanwhile): what the caller does with the sized tasks so far, e.g. send
+    them on to the filter before the slowest search ends."""
     if (time_tasks is None) == (stream is None):
         raise ValueError("size_chains needs one of time_tasks and stream")
     turn = threading.Condition()
@@ -279,7 +283,7 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
             thread.start()
         while True:
             if stream is not None:
-                turn.wait_for(lambda: live == 0 or finished)
+                turn.wait_for(lambda: live == 0 or finished, timeout=tick_s if tick is not None else None)
             else:
                 turn.wait_for(lambda: live == 0 or len(pending) == live)
             for key, result in finished:
@@ -290,6 +294,12 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
             finished.clear()
             if live == 0 and not pending:  # every search has ended
                 break
+            if stream is not None and tick is not None:
+                turn.release()
+                try:
+                    tick()
+                finally:
+                    turn.acquire()
             if stream is not None or len(pending) < live:
                 continue
             batch = pending[:]

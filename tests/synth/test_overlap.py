@@ -391,9 +391,9 @@ def test_a_streamed_build_sends_each_round_to_the_filter_without_waiting_for_the
             adds.append(in_flight)
         return sent
 
-    def recorded_compose(store, seeds, config, round_, n, judges=None, composed=None):
+    def recorded_compose(store, seeds, config, round_, n, judges=None, **kw):
         composes.append((round_, n, [s.outstanding for s in live]))
-        return compose(store, seeds, config, round_, n, judges, composed)
+        return compose(store, seeds, config, round_, n, judges, **kw)
 
     live: list[FilterStream] = []
     init = FilterStream.__init__
@@ -453,6 +453,43 @@ def test_a_streamed_build_composes_the_next_round_while_this_one_is_sized(tmp_pa
     while [t for t in threading.enumerate() if t.name.startswith("cudagym-compose")] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [t for t in threading.enumerate() if t.name.startswith("cudagym-compose")]
+
+
+@pytest.mark.slow
+def test_a_streamed_build_sends_candidates_to_the_filter_as_their_scale_search_ends(tmp_path, kernelbench_path,
+                                                                                   monkeypatch):
+    """With streamed probes, a candidate is stored as its search ends and goes on to the filter while the
+    round's other searches still run (not with the round's end); the rounds' counts still add up to the
+    candidates stored."""
+    from cudagym.synth import build
+    from cudagym.synth.filter import FilterStream
+
+    added, ended, add, compose = [], {}, FilterStream.add, build.compose_stage
+
+    def recorded_add(self, tasks):
+        tasks = list(tasks)
+        added.extend((task.sha256, time.monotonic()) for task in tasks)
+        return add(self, tasks)
+
+    def recorded_compose(store, seeds, config, round_, n, judges=None, **kw):
+        result = compose(store, seeds, config, round_, n, judges, **kw)
+        ended[round_] = time.monotonic()
+        return result
+
+    monkeypatch.setattr(build, "FEED_S", 0.0)
+    monkeypatch.setattr(FilterStream, "add", recorded_add)
+    monkeypatch.setattr(build, "compose_stage", recorded_compose)
+    # a target far beyond what the rounds give: the filter always has room for what is sized
+    config = _config(tmp_path, target=40, overlap=True, round_size=8, filter_passes=2, filter_stream=True, max_rounds=3,
+                     scale_search=True, max_scale=6, scale_start=1, scale_probes=3, min_eager_ms=1.0, max_eager_ms=3.0)
+    funnel = build_dataset(config)
+    assert funnel["status"] == "short"
+    with BuildStore(tmp_path / "build.duckdb") as store:
+        round_of = dict(store.db.execute("SELECT sha256, round FROM candidates").fetchall())
+        rounds = store.rounds()
+        assert sum(r["stats"]["scale_kept"] for r in rounds.values()) == store.candidate_count() > 0
+    early = [sha for sha, at in added if round_of[sha] in ended and at < ended[round_of[sha]]]
+    assert early, (added, ended)  # sent on before its round ended
 
 
 def test_a_round_composed_ahead_stops_with_the_build(tmp_path):
@@ -554,7 +591,7 @@ def test_a_streamed_build_whose_composer_stops_lets_the_filter_decide_what_it_ho
 
     compose, calls, in_flight_at_stop, streams = build.compose_stage, [], [], []
 
-    def stopping_compose(store, seeds, config, round_, n, judges=None, composed=None):
+    def stopping_compose(store, seeds, config, round_, n, judges=None, **kw):
         calls.append(round_)
         if len(calls) == 2:  # a round of two slow candidates
             slow = [Task(id=f"slow{i}", name=f"slow{i}", code=SLOW.format(op=op), source="synth",
@@ -566,7 +603,7 @@ def test_a_streamed_build_whose_composer_stops_lets_the_filter_decide_what_it_ho
         if len(calls) == 3:  # then the endpoint goes away, while the judges check them
             in_flight_at_stop.extend(s.outstanding for s in streams)
             raise ComposeStopped("endpoint_down", "the endpoint stopped answering")
-        return compose(store, seeds, config, round_, n, judges, composed)
+        return compose(store, seeds, config, round_, n, judges, **kw)
 
     init = FilterStream.__init__
     monkeypatch.setattr(FilterStream, "__init__", lambda self, *a, **k: (init(self, *a, **k), streams.append(self))[0])
