@@ -381,16 +381,16 @@ def compose_round(seeds: list, config: BuildConfig, round_: int, n_tasks: int,
 
 
 def compose_stage(store: BuildStore, seeds: list, config: BuildConfig, round_: int, n_tasks: int,
-                  judges: StandingJudges | None = None, composed: Future | None = None, feed=None) -> int:
+                  judges: StandingJudges | None = None, composing: Future | None = None, feed=None) -> int:
     """Compose n_tasks candidates in round `round_` (skipped if that round is stored); new candidates added.
-    judges: the build's standing judges, whose probe feed sizes them (`scale_stage`). composed: this
+    judges: the build's standing judges, whose probe feed sizes them (`scale_stage`). composing: this
     round's `compose_round`, already under way on another thread (`RoundAhead`). feed: with streamed
     probes, each candidate is stored as its search ends, not with the round, and feed() is called every few
     seconds meanwhile (`streamed_rounds` sends what is stored on to the filter)."""
     if round_ in store.rounds():
         return 0
     try:
-        step, composed = composed.result() if composed is not None else compose_round(seeds, config, round_, n_tasks)
+        step, composed = composing.result() if composing is not None else compose_round(seeds, config, round_, n_tasks)
         tasks = composed
         if config.scale_search:
             store_now = (lambda task: store.add_candidates([task], round_)) if feed is not None else None
@@ -890,8 +890,8 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
                 # at most a backlog's worth ahead of the filter: a stop loses the candidates in flight's work
                 _wait_for(stream, serving, lambda: stream.outstanding <= stream_backlog(config))
                 round_ = next_round(store)
-                n, composed = ahead.take(round_)
-                if composed is None:
+                n, composing = ahead.take(round_)
+                if composing is None:
                     n = compose_count(config, stages, filter_batch(store, config, math.ceil(short)), fresh_share(store))
                     if rounds == 0 and not stream.outstanding:  # the filter idles until this round is sized: a third
                         n = math.ceil(n / 3)  # of a round reaches it sooner (a call's start: on the H100 53 s to the first decision)
@@ -900,7 +900,7 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
                 if rounds + 1 < config.max_rounds and short_next > 0:
                     ahead.start(round_ + 1, compose_count(config, stages, filter_batch(store, config, math.ceil(short_next)),
                                                           fresh_share(store)))
-                compose_stage(store, seeds, config, round_, n, judges, composed=composed, feed=feed)
+                compose_stage(store, seeds, config, round_, n, judges, composing=composing, feed=feed)
                 rounds += 1
                 stream.report()  # the filter's lines since the round before: a pair a round
         stream.close()
@@ -926,9 +926,9 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
 
 class RoundAhead:
     """The next round's composing (`compose_round`) on a thread of its own, started as this round's scale
-    search begins: the search waits on the judges' probes, and the composing (with `select`, the main
-    thread's work between two rounds) left the probe judges idle between rounds, 2-5 s of each ~40 s
-    round on the H200 (session 35). The programmatic composer only: the llm composer waits on its
+    search begins: the search waits on the judges' probes, while the composing, part of the main thread's
+    work between two rounds, left the probe judges idle (~1.6 s a round of 150 on a 2-core CPU, more on a
+    GPU box whose cores the judges' compiles load). The programmatic composer only: the llm composer waits on its
     endpoint with its own concurrency, and its stops (endpoint down, call cap) belong to the round that
     asked. A round composed ahead is deterministic (`compose_round`), so one the build no longer needs
     (the target met, a stop) is dropped and nothing is lost."""
