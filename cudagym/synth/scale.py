@@ -246,6 +246,11 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
     if (time_tasks is None) == (stream is None):
         raise ValueError("size_chains needs one of time_tasks and stream")
     turn = threading.Condition()
+    # This thread waits on `changed` (set whenever a search ends or asks for a wave's probe), never on
+    # `turn`, and takes `turn` only at a `with`'s entry: a Ctrl-C that lands while it blocks there leaves
+    # `turn` not held, and nothing releases it. One that landed in a wait's re-acquire of `turn` (on the
+    # H100, session 36, after a tick) ended the build in "cannot release un-acquired lock" instead of its stop.
+    changed = threading.Event()
     pending: list[list] = []  # probes asked for and not yet sent (waves): [task, eager ms, answered]
     finished: list[tuple] = []  # (key, size_chain's result or the exception it raised)
     live = len(chains)
@@ -261,7 +266,7 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
             stream(task, answer)
         else:
             pending.append(probe)
-            turn.notify_all()
+            changed.set()
         turn.wait_for(lambda: probe[2])
         return probe[1]
 
@@ -274,18 +279,17 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
                 finished.append((key, e))
             finally:
                 live -= 1
-                turn.notify_all()
+                changed.set()
 
     # daemon: stopped (Ctrl-C) while timing, the searches waiting for an answer never get one
     threads = [threading.Thread(target=search, args=item, daemon=True) for item in chains.items()]
     with turn:
         for thread in threads:
             thread.start()
-        while True:
-            if stream is not None:
-                turn.wait_for(lambda: live == 0 or finished, timeout=tick_s if tick is not None else None)
-            else:
-                turn.wait_for(lambda: live == 0 or len(pending) == live)
+    while True:
+        changed.wait(timeout=tick_s if stream is not None and tick is not None else None)
+        changed.clear()  # before reading the state: a change after the read sets it again
+        with turn:
             for key, result in finished:
                 if isinstance(result, Exception):
                     raise result
@@ -294,19 +298,14 @@ def size_chains(chains: Mapping[str, Sequence[Seed]], time_tasks: Callable[[list
             finished.clear()
             if live == 0 and not pending:  # every search has ended
                 break
-            if stream is not None and tick is not None:
-                turn.release()
-                try:
-                    tick()
-                finally:
-                    turn.acquire()
-            if stream is not None or len(pending) < live:
-                continue
-            batch = pending[:]
-            pending.clear()
-            for probe, eager_ms in zip(batch, time_tasks([probe[0] for probe in batch]), strict=True):
-                probe[1], probe[2] = eager_ms, True
-            turn.notify_all()
+            if stream is None and len(pending) >= live:  # every search still running waits: one wave
+                batch = pending[:]
+                pending.clear()
+                for probe, eager_ms in zip(batch, time_tasks([probe[0] for probe in batch]), strict=True):
+                    probe[1], probe[2] = eager_ms, True
+                turn.notify_all()
+        if stream is not None and tick is not None:
+            tick()
 
 
 def _fields(config: ComposeConfig) -> dict:

@@ -198,3 +198,40 @@ def test_size_chains_streamed_sends_each_probe_as_its_search_asks_and_ends_as_th
     assert n_relu >= 2 and answered[:n_relu] == ["relu"] * n_relu
     with pytest.raises(ValueError, match="one of"):
         size_chains(chains, lambda tasks: [1.0] * len(tasks), config, stream=stream)
+
+
+def test_a_ctrl_c_while_the_searches_run_ends_size_chains_in_keyboard_interrupt():
+    """Ctrl-C lands while the calling thread waits for the searches' lock (here each probe holds it 0.2 s
+    while it is sent, as a slow composing would, and the searches go on probing), at several moments
+    after a tick: each call ends in KeyboardInterrupt, the stop the build handles, never in a lock error
+    (before session 36's fix, one landing in the lock's re-acquire after a tick raised "cannot release
+    un-acquired lock")."""
+    import os
+    import signal
+
+    by_id = {s.id: s for s in crawl_torch()[0]}
+    for delay_s in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35):
+        chains = {f"relu{i}": [by_id["torch.nn.ReLU"]] for i in range(4)}
+        stopped, sent = [], []
+
+        def stream(task, answer):
+            if stopped:  # after the stop, the searches end at once
+                answer(None)
+                return
+            time.sleep(0.2)  # called holding the searches' lock
+            threading.Thread(target=answer, args=(0.001,)).start()  # too fast: the search probes on
+
+        def tick():
+            if not sent:
+                sent.append(threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGINT)))
+                sent[0].start()
+
+        with pytest.raises(KeyboardInterrupt):
+            size_chains(chains, None, ScaleSearch((10.0, 40.0), max_scale=1 << 20, start=2, max_probes=40), stream=stream,
+                        tick=tick, tick_s=0.05)
+            time.sleep(5)  # not reached: the stop lands within size_chains
+        stopped.append(True)
+        deadline = time.monotonic() + 30
+        while [t for t in threading.enumerate() if "(search)" in t.name] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [t for t in threading.enumerate() if "(search)" in t.name]
