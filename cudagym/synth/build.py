@@ -867,8 +867,10 @@ def streamed_rounds(store: BuildStore, seeds: list, config: BuildConfig, judges:
         FEED_S, instead of all at the round's end. A round's filter work used to start with its slowest
         search's end, then compile before it held the GPU: on the H200 (session 35) the GPU lock stood
         idle 10-25 s of each ~40-s round."""
+        if time.monotonic() - filled["at"] < FEED_S:  # before the count: the searches call this at every end
+            return
         stored = store.candidate_count()
-        if stored == filled["stored"] or time.monotonic() - filled["at"] < FEED_S:
+        if stored == filled["stored"]:
             return
         filled["at"], filled["stored"] = time.monotonic(), stored
         fill()
